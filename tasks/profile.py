@@ -1,0 +1,116 @@
+"""The workload profile (shared/contracts/profile.md): load, validate, and look up instance types.
+
+Validation names the offending field in one line, because the planner's answers are only as good
+as the numbers it reads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.errors import UserInputError
+
+
+_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class Contention(BaseModel):
+    model_config = _CONFIG
+    alpha1: float
+    beta1: float
+
+
+class LossCurve(BaseModel):
+    model_config = _CONFIG
+    gamma1: float
+    gamma2: float
+    gamma3: float
+    gamma4: float | None
+    gamma5: float
+
+
+class InstanceProfile(BaseModel):
+    model_config = _CONFIG
+    type: str = Field(min_length=1)
+    gpus: int = Field(gt=0)
+    batch_per_gpu: int = Field(gt=0)
+    compute_time_s: float = Field(gt=0)
+    spot_price: float = Field(gt=0)
+    on_demand_price: float = Field(gt=0)
+    quota: int = Field(ge=0)
+
+
+class Profile(BaseModel):
+    """One workload's measured parameters; units are MB, MB/s, seconds and USD per hour."""
+
+    model_config = _CONFIG
+    workload: str = Field(min_length=1)
+    param_mb: float = Field(gt=0)
+    required_bandwidth_mbps: float = Field(gt=0)
+    ps_bandwidth_mbps: float = Field(gt=0)
+    pcie_bandwidth_mbps: float = Field(gt=0)
+    num_ps: int = Field(default=1, gt=0)
+    contention: Contention
+    loss: LossCurve
+    instances: list[InstanceProfile] = Field(min_length=1)
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_types(cls, instances: list[InstanceProfile]) -> list[InstanceProfile]:
+        seen: set[str] = set()
+        for inst in instances:
+            if inst.type in seen:
+                raise ValueError(f"duplicate instance type {inst.type!r}")
+            seen.add(inst.type)
+        return instances
+
+    @property
+    def type_names(self) -> list[str]:
+        return [i.type for i in self.instances]
+
+    def instance(self, type_name: str) -> InstanceProfile:
+        for inst in self.instances:
+            if inst.type == type_name:
+                return inst
+        raise UserInputError(
+            f"unknown instance type {type_name!r} (profile {self.workload!r} has: {', '.join(self.type_names)})"
+        )
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line naming the first bad field, e.g. `instances.2.compute_time_s: must be > 0`."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "missing":
+        msg = "missing field"
+    more = len(err.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{source}: {loc}: {msg}{suffix}"
+
+
+def profile_from_dict(data: Any, source: str = "profile") -> Profile:
+    if not isinstance(data, dict):
+        raise UserInputError(f"{source}: expected a JSON object at the top level")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise UserInputError(format_validation_error(err, source)) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserInputError(f"profile not found: {path}") from None
+    except OSError as err:
+        raise UserInputError(f"cannot read profile {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserInputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    return profile_from_dict(data, source=str(path))

@@ -1,0 +1,1 @@
+"""Cloud providers behind one interface (base.Provider): `local` (emulated spot cloud) and `aws`."""

@@ -1,0 +1,122 @@
+"""The provider interface: what the flows may ask of a cloud, whichever cloud it is.
+
+Every call is idempotent and tagged with the run id (and, for launches, the plan id), so a retried
+step finds what it already started instead of starting more, and cleanup can find everything a run
+ever started. Modelled on SkyPilot's managed jobs: the recovery logic lives in the flows, the
+provider only does one cloud call's worth of work per method.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["ps", "worker"]
+Market = Literal["spot", "on-demand"]
+InstanceState = Literal["pending", "running", "notice", "terminated"]
+EventKind = Literal["revocation_notice", "revoked", "rebalance"]
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One offer of the cloud: what an instance of this type has and costs."""
+
+    name: str
+    gpus: int
+    gpu_model: str
+    gpu_memory_gb: float
+    network_mbps: float
+    on_demand_usd_per_h: float
+    spot_usd_per_h: float
+    interruption_band: int | None = None  # Spot Advisor band 0..4 (<5% .. >20% a month)
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What an instance runs once it is up: the same argv and environment on every provider."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    type: str
+    role: Role
+    market: Market
+    state: InstanceState
+    run_id: str
+    plan_id: str
+    address: str | None = None  # host or host:port the run's other instances can reach
+    launched_at_s: float = 0.0  # provider clock (epoch seconds)
+
+
+@dataclass(frozen=True)
+class ProviderEvent:
+    kind: EventKind
+    instance_id: str
+    at_s: float  # when the provider says it happened (epoch seconds)
+    deadline_s: float | None = None  # for notices: when the instance will be taken
+
+
+@dataclass
+class LaunchResult:
+    """What a launch achieved; `unavailable` says why fewer than asked were started."""
+
+    instances: list[Instance]
+    unavailable: str | None = None
+
+
+class CapacityError(RuntimeError):
+    """The cloud has no capacity for a type now (fed back to the planner, not a crash)."""
+
+    def __init__(self, instance_type: str, message: str):
+        super().__init__(message)
+        self.instance_type = instance_type
+
+
+class QuotaError(RuntimeError):
+    """The account's quota (or the run's guard) does not admit the launch; nothing was started."""
+
+
+class Provider(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def list_types(self) -> list[InstanceType]:
+        """The instance types this provider offers, with current prices."""
+
+    @abc.abstractmethod
+    def launch(
+        self,
+        run_id: str,
+        plan_id: str,
+        instance_type: str,
+        count: int,
+        *,
+        role: Role = "worker",
+        market: Market = "spot",
+        startup: Startup | None = None,
+    ) -> LaunchResult:
+        """Start `count` instances for this (run, plan step, type, role); idempotent: a retry
+        returns the instances the first call started rather than starting more."""
+
+    @abc.abstractmethod
+    def terminate(self, instance_ids: list[str]) -> None:
+        """Terminate these instances; terminating one already gone is not an error."""
+
+    @abc.abstractmethod
+    def describe(self, run_id: str) -> list[Instance]:
+        """Every instance of the run that is not yet terminated."""
+
+    @abc.abstractmethod
+    def poll_events(self, run_id: str) -> list[ProviderEvent]:
+        """Revocation notices, revocations and rebalance hints since the last poll."""
+
+    def cleanup(self, run_id: str) -> int:
+        """Terminate everything the run started; returns how many were still alive."""
+        alive = [i.instance_id for i in self.describe(run_id) if i.state != "terminated"]
+        if alive:
+            self.terminate(alive)
+        return len(alive)
