@@ -128,11 +128,16 @@ def watch(run_id: str, poll_s: float = 0.5) -> dict:
             replan_subflow(run_id, "revocation", [e.instance_id for e in notices])
         ratio = session.check_drift(obs)
         if ratio is not None:
-            emit_event(event="spotfill.run.drift", resource=resource, payload={"speed_ratio": ratio})
-            logger.warning("drift: observed speed %.0f%% of predicted; refitting and re-planning", 100 * ratio)
-            session.refit_for_drift(ratio)
-            replan_subflow(run_id, "drift", [])
-        if stages.pending_replan_request(session):
+            emit_event(event="spotfill.run.drift", resource=resource,
+                       payload={"speed_ratio": ratio, "artifacts_dir": session.request.artifacts_dir})
+            logger.warning("drift: observed speed %.0f%% of predicted", 100 * ratio)
+            if session.request.drift_action == "inline":
+                session.refit_for_drift(ratio)
+                replan_subflow(run_id, "drift", [])
+        asked = stages.pending_replan_request(session)
+        if asked is not None:
+            if asked.get("speed_ratio"):
+                session.refit_for_drift(float(asked["speed_ratio"]))
             replan_subflow(run_id, "requested", [])
         if time.time() - last_report >= 2.0:
             update_progress_artifact(loss_art, 100 * obs.loss_fraction)

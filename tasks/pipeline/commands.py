@@ -39,6 +39,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def demo_request(artifacts_dir: str = "artifacts"):
+    """The README's main job: a small built-in workload, three local types, one replayed trace."""
+    from tasks.pipeline.params import TrainRequest
+
+    return TrainRequest.model_validate({
+        "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
+        "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
+        "candidates": {"types": DEMO["candidates"]},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"]}},
+        "artifacts_dir": artifacts_dir,
+    })
+
+
 def build_request(args: argparse.Namespace):
     from pydantic import ValidationError
 

@@ -88,6 +88,8 @@ class TrainRequest(BaseModel):
     budget: BudgetCaps = Field(default_factory=BudgetCaps)
     drift_threshold: float = Field(0.25, gt=0, description="relative speed shortfall that counts as drift")
     drift_window_s: float = Field(10.0, gt=0, description="how long drift must last before re-planning")
+    drift_action: Literal["inline", "automation"] = Field(
+        "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
     artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
 
     @model_validator(mode="after")

@@ -155,13 +155,16 @@ def notify_progress(session: TrainingSession, obs: Observation) -> None:
         listener(session, obs)
 
 
-def pending_replan_request(session: TrainingSession) -> bool:
-    """A re-plan asked for from outside (the drift automation's deployment writes this file)."""
+def pending_replan_request(session: TrainingSession) -> dict | None:
+    """A re-plan asked for from outside (the drift automation's deployment writes this file),
+    taken once."""
     path = session.run_dir / REPLAN_REQUEST
-    if not path.exists():
-        return False
+    try:
+        asked = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
     path.unlink(missing_ok=True)
-    return True
+    return asked
 
 
 def alternatives_rows(session: TrainingSession) -> list[dict]:
