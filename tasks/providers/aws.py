@@ -227,7 +227,6 @@ class AwsProvider(Provider):
         with aws_errors(config.region):
             self.session = session or boto3.session.Session(profile_name=config.profile_name, region_name=config.region)
         self.api_calls = ApiCallCounter()
-        self.session.events.register("before-call.*.*", self.api_calls)
         client_config = botocore.config.Config(
             connect_timeout=5, read_timeout=30, retries={"max_attempts": 4, "mode": "standard"}
         )
@@ -235,6 +234,8 @@ class AwsProvider(Provider):
         self.service_quotas = self.session.client(
             "service-quotas", region_name=config.region, endpoint_url=config.endpoint_url, config=client_config
         )
+        for client in (self.ec2, self.service_quotas):  # per client: a shared session stays unaffected
+            client.meta.events.register("before-call.*.*", self.api_calls)
         self._catalog: Catalog | None = None
         self._extra_facts: dict[str, TypeFacts] = {}
         self._on_demand: dict[str, float] | None = None

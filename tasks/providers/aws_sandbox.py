@@ -29,9 +29,12 @@ SPOT_TERMINATION = ("Server.SpotInstanceTermination", "Server.SpotInstanceTermin
 def moto_server(strict: bool = True) -> Iterator[str]:
     """moto's EC2 (and Service Quotas) on 127.0.0.1 at a free port; yields the endpoint URL.
     `strict` turns on moto's AMI and instance-type validation, as AWS validates them."""
+    import logging
+
     from moto import settings
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per API call
     saved = (settings.ENABLE_AMI_VALIDATION, settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION)
     settings.ENABLE_AMI_VALIDATION = settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION = strict
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
