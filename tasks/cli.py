@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as err:
         sys.stderr.write(f"spotfill: error: {err}\n")
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write("spotfill: interrupted\n")
         return 130

@@ -28,7 +28,7 @@ class LossCurve(BaseModel):
     gamma1: float
     gamma2: float
     gamma3: float
-    gamma4: float | None
+    gamma4: float | None = Field(gt=0)  # null selects the prototype's form without R
     gamma5: float
 
 

@@ -1,0 +1,160 @@
+"""The instance catalog: every EC2 GPU type with its hardware, prices and interruption band per
+region, built from the public data under profiles/sources/ by `spotfill catalog build`.
+
+Bandwidths are in MB/s (the profile's unit): "Up to 10 Gigabit" counts as its ceiling,
+10 Gbit/s = 1250 MB/s; the vague labels "Moderate" and "High" get no number.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from tasks.errors import UserInputError
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = REPO / "profiles" / "sources"
+CATALOG = REPO / "profiles" / "instance-catalog.json"
+
+
+def network_mbps(label: str) -> float | None:
+    """'Up to 25 Gigabit' -> 3125.0 MB/s; '4x 100 Gigabit' -> 50000.0; 'High' -> None."""
+    m = re.fullmatch(r"(?:Up to )?(?:(\d+)x )?([\d.]+) Gigabit", label.strip())
+    if not m:
+        return None
+    links = int(m.group(1) or 1)
+    return links * float(m.group(2)) * 1000.0 / 8.0
+
+
+def _price(value) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if v > 0 else None
+
+
+def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{type: {region-ish AZ prefix: {current, mean, min, max, samples}}} for Linux/UNIX rows."""
+    by_type_az: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
+    with tsv_path.open() as f:
+        for row in csv.reader(f, delimiter="\t"):
+            if len(row) != 5 or row[2] != "Linux/UNIX":
+                continue
+            az_id, itype, _, price, ts = row
+            by_type_az[(itype, az_id)].append((ts, float(price)))
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (itype, az_id), rows in sorted(by_type_az.items()):
+        rows.sort()
+        prices = [p for _, p in rows]
+        out[itype][az_id] = {"current": prices[-1], "mean": statistics.fmean(prices),
+                             "min": min(prices), "max": max(prices), "samples": len(prices)}
+    return dict(out)
+
+
+def build_catalog(sources: Path = SOURCES) -> dict:
+    try:
+        instances = json.loads((sources / "ec2-gpu-instances.json").read_text())
+        advisor = json.loads((sources / "spot-advisor-data.json").read_text())
+    except FileNotFoundError as err:
+        raise UserInputError(f"catalog source missing: {err.filename}") from None
+    bands = {str(r["index"]): r["label"] for r in advisor["ranges"]}
+    history = spot_history_stats(sources / "spot-prices-gpu-2022-05-31.tsv")
+    types = []
+    for inst in sorted(instances, key=lambda i: i["instance_type"]):
+        name = inst["instance_type"]
+        regions = {}
+        for region, pricing in sorted(inst.get("pricing", {}).items()):
+            linux = pricing.get("linux") or {}
+            band = advisor["spot_advisor"].get(region, {}).get("Linux", {}).get(name, {}).get("r")
+            regions[region] = {
+                "on_demand_usd_per_h": _price(linux.get("ondemand")),
+                "spot_min_usd_per_h": _price(linux.get("spot_min")),
+                "spot_avg_usd_per_h": _price(linux.get("spot_avg")),
+                "spot_max_usd_per_h": _price(linux.get("spot_max")),
+                "interruption_band": band,
+                "interruption_label": bands.get(str(band)) if band is not None else linux.get("pct_interrupt"),
+            }
+        types.append({
+            "type": name,
+            "gpus": inst.get("GPU") or 0,
+            "gpu_model": inst.get("GPU_model"),
+            "gpu_memory_gb": inst.get("GPU_memory"),
+            "vcpus": inst.get("vCPU"),
+            "memory_gb": inst.get("memory"),
+            "network_performance": inst.get("network_performance"),
+            "network_mbps": network_mbps(inst.get("network_performance") or ""),
+            "regions": regions,
+            "spot_history_2022_05_31": history.get(name, {}),
+        })
+    return {
+        "description": "EC2 GPU instance types: hardware, on-demand and spot prices, interruption bands per region",
+        "units": {"prices": "USD per instance-hour", "network_mbps": "MB/s", "gpu_memory_gb": "GiB per instance"},
+        "sources": [
+            {"file": "profiles/sources/ec2-gpu-instances.json", "origin": "ec2instances.info snapshot 2025-11-30 (MIT)"},
+            {"file": "profiles/sources/spot-advisor-data.json", "origin": "AWS Spot Instance Advisor feed, mid-2025"},
+            {"file": "profiles/sources/spot-prices-gpu-2022-05-31.tsv", "origin": "AWS DescribeSpotPriceHistory archive, 2022-05-31"},
+        ],
+        "interruption_bands": bands,
+        "types": types,
+    }
+
+
+def load_catalog(path: Path = CATALOG) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserInputError(f"instance catalog not found: {path} (run `spotfill catalog build`)") from None
+
+
+def catalog_instance_types(region: str = "us-east-1", path: Path = CATALOG):
+    """The catalog's types priced in one region, as provider InstanceType records (types with no
+    GPU, no price or no known bandwidth in that region are left out)."""
+    from tasks.providers.base import InstanceType
+
+    catalog = load_catalog(path)
+    out = []
+    for t in catalog["types"]:
+        r = t["regions"].get(region)
+        if not r or not t["gpus"] or not r["on_demand_usd_per_h"] or not t["network_mbps"]:
+            continue
+        spot = r["spot_avg_usd_per_h"] or r["on_demand_usd_per_h"]
+        out.append(InstanceType(t["type"], t["gpus"], t["gpu_model"] or "", float(t["gpu_memory_gb"] or 0),
+                                t["network_mbps"], r["on_demand_usd_per_h"], spot, r["interruption_band"]))
+    if not out:
+        raise UserInputError(f"no priced GPU type in region {region!r} in the catalog")
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("catalog", help="the instance catalog (hardware, prices, interruption bands)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    b = verbs.add_parser("build", help="rebuild profiles/instance-catalog.json from profiles/sources/")
+    b.add_argument("--sources", default=str(SOURCES))
+    b.add_argument("--out", default=str(CATALOG))
+    b.set_defaults(handler=_build)
+    s = verbs.add_parser("show", help="print the types priced in a region")
+    s.add_argument("--region", default="us-east-1")
+    s.set_defaults(handler=_show)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from tasks.atomic import atomic_write_json
+
+    catalog = build_catalog(Path(args.sources))
+    atomic_write_json(args.out, catalog)
+    print(f"wrote {args.out}: {len(catalog['types'])} types")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    types = catalog_instance_types(args.region)
+    print(f"{'type':<16}{'gpus':>5} {'gpu':<22}{'MB/s':>8}{'od $/h':>9}{'spot $/h':>9}{'band':>5}")
+    for t in types:
+        print(f"{t.name:<16}{t.gpus:>5} {t.gpu_model[:21]:<22}{t.network_mbps:>8.0f}{t.on_demand_usd_per_h:>9.3f}"
+              f"{t.spot_usd_per_h:>9.3f}{'' if t.interruption_band is None else t.interruption_band:>5}")
+    return 0

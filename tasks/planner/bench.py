@@ -1,0 +1,114 @@
+"""`spotfill bench planner`: heuristic vs exact solve time and cost gap, checked by brute force.
+
+Cases: 5 x quota 10 (paper size), 5 x 50, 7 x 10, 7 x 50 and 20 x 20 types x quota, each at a
+tight deadline (1.25 x the fastest plan's time) and a loose one (2 x). The first five types are
+the shipped ResNet-110 profile's; more are synthetic (synthetic.py, seed 7). Times are medians of
+repeated solves in this one run; brute force runs wherever its estimated time is under a minute.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from tasks.planner import exact
+from tasks.planner.brute import composition_count, solve_brute_force
+from tasks.planner.heuristic import solve_heuristic
+from tasks.planner.problem import COST_TIE_REL, PlanRequest, build_problem
+from tasks.planner.synthetic import extend_profile
+from tasks.progress import ProgressBar
+
+CASES = [(5, 10), (5, 50), (7, 10), (7, 50), (20, 20)]
+DEADLINE_FACTORS = {"tight": 1.25, "loose": 2.0}
+LOSS_TARGET = 0.8
+BRUTE_BUDGET_S = 60.0
+
+
+def _median_time_s(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def _brute_rate_per_s(problem) -> float:
+    """Compositions brute force scores per second, measured on this machine now."""
+    rows = np.tile(problem.lower, (1 << 16, 1)) + 1
+    t0 = time.perf_counter()
+    problem.evaluate(rows)
+    return (1 << 16) / (time.perf_counter() - t0)
+
+
+def run_bench(quick: bool = False) -> dict:
+    from tasks.profile import load_profile
+    from tasks.catalog import REPO
+
+    base = load_profile(REPO / "profiles" / "resnet110-cifar100.json")
+    repeats = 3 if quick else 5
+    rows = []
+    rate = None
+    with ProgressBar(len(CASES), "bench planner") as bar:
+        for n_types, quota in CASES:
+            profile = extend_profile(base, n_types, quota)
+            open_problem = build_problem(PlanRequest(profile, LOSS_TARGET, 1e12))
+            fastest = exact.search(open_problem, "time", deadline_s=np.inf)[0].time_s
+            problems = {name: build_problem(PlanRequest(profile, LOSS_TARGET, f * fastest))
+                        for name, f in DEADLINE_FACTORS.items()}
+            rate = rate or _brute_rate_per_s(open_problem)
+            count = composition_count(open_problem)
+            brute_est_s = count / rate
+            brute = None
+            if brute_est_s <= BRUTE_BUDGET_S and not (quick and brute_est_s > 5):
+                t0 = time.perf_counter()
+                brute = solve_brute_force(open_problem, [p.budget_s for p in problems.values()])
+                brute_s = time.perf_counter() - t0
+            for b, (name, problem) in enumerate(problems.items()):
+                h_s, (h_best, _) = _median_time_s(lambda: solve_heuristic(problem), repeats)
+                e_s, (e_best, stats) = _median_time_s(
+                    lambda: exact.search(problem, "cost", incumbent=solve_heuristic(problem)[0]), repeats)
+                row = {
+                    "types": n_types, "quota": quota, "deadline": name, "deadline_s": problem.budget_s,
+                    "heuristic_s": h_s, "exact_s": e_s, "heuristic_cost_usd": h_best.cost,
+                    "exact_cost_usd": e_best.cost,
+                    "gap": (h_best.cost / e_best.cost - 1) if np.isfinite(h_best.cost) else None,
+                    "exact_plan": {profile.instances[i].type: int(c) for i, c in enumerate(e_best.counts) if c},
+                    "exact_nodes": stats.nodes, "exact_clusters_scored": stats.evaluated,
+                    "compositions": count, "brute_estimate_s": brute_est_s,
+                    "brute_s": None, "brute_cost_usd": None, "exact_equals_brute": None,
+                }
+                if brute is not None:
+                    row["brute_s"] = brute_s
+                    row["brute_cost_usd"] = brute[b].cost
+                    row["exact_equals_brute"] = bool(abs(brute[b].cost - e_best.cost) <= COST_TIE_REL * brute[b].cost)
+                rows.append(row)
+            bar.advance(note=f"{n_types} x {quota}")
+    checked = [r for r in rows if r["exact_equals_brute"] is not None]
+    return {
+        "loss_target": LOSS_TARGET, "repeats": repeats, "rows": rows,
+        "exact_never_worse": all(r["exact_cost_usd"] <= r["heuristic_cost_usd"] * (1 + COST_TIE_REL) for r in rows),
+        "brute_checked": len(checked), "brute_all_equal": all(r["exact_equals_brute"] for r in checked),
+        "max_gap": max((r["gap"] for r in rows if r["gap"] is not None), default=None),
+    }
+
+
+def format_table(result: dict) -> str:
+    head = (f"{'types x quota':<14}{'deadline':>9}{'heur ms':>9}{'exact ms':>10}{'heur $':>9}{'exact $':>9}"
+            f"{'gap':>8}{'brute':>16}")
+    lines = [head, "-" * len(head)]
+    for r in result["rows"]:
+        if r["brute_s"] is None:
+            brute = f"skip (~{r['brute_estimate_s']:.0e} s)"
+        else:
+            brute = ("= exact" if r["exact_equals_brute"] else "DIFFERS") + f" {r['brute_s']:.1f}s"
+        gap = "n/a" if r["gap"] is None else f"{100 * r['gap']:.1f}%"
+        lines.append(
+            f"{str(r['types']) + ' x ' + str(r['quota']):<14}{r['deadline']:>9}{1000 * r['heuristic_s']:>9.1f}"
+            f"{1000 * r['exact_s']:>10.1f}{r['heuristic_cost_usd']:>9.3f}{r['exact_cost_usd']:>9.3f}{gap:>8}{brute:>16}")
+    lines.append("")
+    lines.append(f"exact never costlier than heuristic: {result['exact_never_worse']}; "
+                 f"brute force agrees on {result['brute_checked']} case(s): {result['brute_all_equal']}; "
+                 f"largest heuristic gap: {100 * (result['max_gap'] or 0):.1f}%  (median of {result['repeats']} solves)")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Valid bounds for branch and bound over instance counts, and the greedy fills they rest on.
+
+For a cluster of n workers every instance of type m has the same iteration time T_m(n), so the
+cluster's iteration rate X = sum n_m / T_m(n), sample rate Y = sum n_m b_m / T_m(n) and hourly
+price P = sum n_m p_m are linear in the counts. Time is j / X and cost is j * P / X / 3600, and:
+- the WA batch Y / X is a rate-weighted mean of the types' batches, so it lies between the
+  smallest and largest batch of the types in the cluster (or of a fixed part's mean and the rest);
+- j is affine in the WA batch and non-decreasing in the convergence coefficient R >= 0, so its
+  minimum over a batch interval is at an end, with R = 0 (numerators clipped at 0 keep it a
+  valid bound where the fitted curve stops descending);
+- X_max and P_min over the free counts are exact greedy fills (a knapsack row of unit weights);
+- a mediant is never below its smallest ratio: P/X >= min(P_fixed/X_fixed, min_m p_m T_m(n)).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tasks.profile import Profile
+
+
+def greedy_fill(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, remaining: np.ndarray) -> np.ndarray:
+    """Best sum of `values` over counts in [lower, lower + extra] that add up to lower.sum() +
+    remaining, for each entry of `remaining` (values of one unit of each type).
+
+    take_best="max" fills the highest values first, "min" the lowest. Entries of `remaining`
+    beyond the total extra capacity get the fill of all capacity (callers rule those out)."""
+    order = np.argsort(-values if take_best == "max" else values, kind="stable")
+    v = values[order]
+    cap = extra[order].astype(float)
+    before = np.concatenate([[0.0], np.cumsum(cap)[:-1]])
+    take = np.clip(np.asarray(remaining, dtype=float)[..., None] - before, 0.0, cap)
+    return float(lower @ values) + take @ v
+
+
+def greedy_fill_suffixes(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, n: int) -> np.ndarray:
+    """greedy_fill for every suffix k of the types at once: row k, column rem is the best sum of
+    `values` over counts of types k.. within their bounds that add up to rem (0 <= rem <= n)."""
+    m = len(values)
+    order = np.argsort(-values if take_best == "max" else values, kind="stable")
+    in_suffix = order[None, :] >= np.arange(m)[:, None]  # M x M: type order[j] belongs to suffix k
+    cap = np.where(in_suffix, extra[order], 0).astype(float)
+    before = np.cumsum(cap, axis=1) - cap
+    lower_sum = np.where(in_suffix, lower[order], 0).sum(axis=1)
+    forced = np.where(in_suffix, (lower * values)[order], 0.0).sum(axis=1)
+    free = np.arange(n + 1, dtype=float)[None, :] - lower_sum[:, None]  # M x (n+1)
+    take = np.clip(free[:, :, None] - before[:, None, :], 0.0, cap[:, None, :])
+    return forced[:, None] + take @ values[order]
+
+
+class IterationBound:
+    """Lower bounds on iterations j for clusters of one size n, as plain floats (hot loop)."""
+
+    def __init__(self, profile: Profile, n: float, loss_target: float, current_loss: float | None):
+        g = profile.loss
+        self.gamma2, self.gamma3 = g.gamma2, g.gamma3
+        spread_at_r0 = math.sqrt(n) if g.gamma4 is None else math.sqrt(max(g.gamma4, 0.0) * n)
+        if current_loss is None:
+            self.scale = spread_at_r0 / (loss_target - g.gamma5)
+            self.offset = g.gamma1
+        else:
+            self.scale = spread_at_r0 * (1.0 / (loss_target - g.gamma5) - 1.0 / (current_loss - g.gamma5))
+            self.offset = 0.0
+
+    def lower(self, batch_lo: float, batch_hi: float) -> float:
+        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0)."""
+        batch = batch_hi if self.gamma2 < 0 else batch_lo
+        numerator = max(self.gamma2 * batch + self.gamma3, 0.0)
+        return max(numerator * self.scale - self.offset, 0.0)

@@ -1,0 +1,109 @@
+"""`spotfill predict` and `spotfill plan` (shared/contracts/cli.md)."""
+from __future__ import annotations
+
+import argparse
+
+from tasks import cli_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict time and cost of a given cluster")
+    p.add_argument("profile")
+    p.add_argument("--cluster", required=True, type=cli_args.counts, help="TYPE=N,TYPE=N")
+    p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
+    p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
+                   help="discount network bandwidths by this fraction (e.g. 0.03)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=predict)
+
+    p = sub.add_parser("plan", help="the cheapest cluster that reaches the loss before the deadline")
+    p.add_argument("profile")
+    p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
+    p.add_argument("--deadline", required=True, type=cli_args.finite_float, help="seconds")
+    p.add_argument("--solver", choices=["exact", "heuristic"], default="exact")
+    p.add_argument("--existing", type=cli_args.counts, default={}, help="TYPE=N,... already running")
+    p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
+    p.add_argument("--overhead", type=cli_args.nonnegative_float, default=0.0,
+                   help="seconds taken off the deadline for starting new instances (T_ohd)")
+    p.add_argument("--current-loss", type=cli_args.finite_float, default=None,
+                   help="re-plan mid-training from this loss")
+    p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
+                   help="discount network bandwidths by this fraction (e.g. 0.03)")
+    p.add_argument("--out", default=None, help="also write the plan as JSON to this file (atomically)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=plan)
+
+
+def predict(args: argparse.Namespace) -> int:
+    from tasks.cli import print_json
+    from tasks.errors import UserInputError
+    from tasks.model import Model
+    from tasks.profile import load_profile
+
+    profile = load_profile(args.profile)
+    if not args.cluster or sum(args.cluster.values()) == 0:
+        raise UserInputError("--cluster names no instance (expected TYPE=N with N > 0)")
+    if args.loss <= profile.loss.gamma5:
+        raise UserInputError(
+            f"loss target {args.loss} is unreachable: the fitted loss curve never goes below gamma5 = {profile.loss.gamma5}")
+    if args.bandwidth_margin >= 1:
+        raise UserInputError(f"--bandwidth-margin must be below 1, got {args.bandwidth_margin}")
+    model = Model.from_profile(profile, args.bandwidth_margin)
+    r = {k: float(v[0]) for k, v in model.evaluate(model.counts_vector(args.cluster), args.loss).items()}
+    out = {
+        "workers": int(r["workers"]), "iterations": r["iterations"],
+        "expected_iteration_time_s": r["iteration_time_s"], "speed": r["speed"], "wa_batch": r["wa_batch"],
+        "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
+    }
+    if args.json:
+        print_json(out)
+        return 0
+    cluster = ", ".join(f"{n} x {t}" for t, n in args.cluster.items() if n)
+    print(f"cluster          {cluster} ({out['workers']} workers)")
+    print(f"iterations       {out['iterations']:.0f} to loss {args.loss}")
+    print(f"iteration time   {out['expected_iteration_time_s']:.4f} s (cluster), speed {out['speed']:.1f} samples/s")
+    print(f"WA batch / CC    {out['wa_batch']:.1f} / {out['cc']:.4f}")
+    print(f"predicted time   {out['predicted_time_s']:.1f} s ({out['predicted_time_s'] / 3600:.2f} h)")
+    print(f"predicted cost   ${out['predicted_cost_usd']:.4f} at ${r['usd_per_h']:.4f}/h")
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    from tasks.atomic import atomic_write_json
+    from tasks.cli import print_json
+    from tasks.planner import PlanRequest, solve
+    from tasks.profile import load_profile
+
+    request = PlanRequest(
+        profile=load_profile(args.profile), loss_target=args.loss, deadline_s=args.deadline,
+        existing=args.existing, quota=args.quota, overhead_s=args.overhead,
+        current_loss=args.current_loss, bandwidth_margin=args.bandwidth_margin, solver=args.solver,
+    )
+    result = solve(request)
+    if args.out:
+        atomic_write_json(args.out, result.to_json())
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    print(format_plan(request, result))
+    return 0
+
+
+def format_plan(request, result) -> str:
+    """The plan as a table people read: one row per type, then the prediction."""
+    profile = request.profile
+    rows = [f"{'type':<16}{'count':>6}{'existing':>10}{'$/h each':>10}{'$/h':>9}"]
+    for name, n in sorted(result.plan.items()):
+        price = profile.instance(name).spot_price
+        rows.append(f"{name:<16}{n:>6}{request.existing.get(name, 0):>10}{price:>10.4f}{n * price:>9.4f}")
+    rows.append(f"{'total':<16}{sum(result.plan.values()):>6}{sum(request.existing.values()):>10}{'':>10}{result.usd_per_h:>9.4f}")
+    rows += [
+        "",
+        f"predicted time   {result.predicted_time_s:.1f} s of {request.deadline_s:g} s"
+        + (f" (minus {request.overhead_s:g} s overhead)" if request.overhead_s else ""),
+        f"predicted cost   ${result.predicted_cost_usd:.4f}",
+        f"iterations       {result.iterations:.0f}   WA batch {result.wa_batch:.1f}   CC {result.cc:.4f}",
+        f"solver           {result.solver} ({result.status}), {result.solve_seconds * 1000:.1f} ms, "
+        f"{result.evaluated} clusters scored",
+    ]
+    return "\n".join(rows)

@@ -1,0 +1,77 @@
+"""The spotDNN paper's Algorithm 1, kept faithful for comparison: bounds on the cluster size,
+instances sorted by iteration time, and a sliding window of adjacent instances.
+
+- n_lower (Eq. 15): the smallest size whose fastest possible cluster could still meet the
+  deadline (the same valid bound the exact solver uses per size).
+- n_upper (Eq. 16): the largest size at which the PS is not yet fully contended, P(n) < 1, i.e.
+  alpha1*sqrt(n) + beta1 < 1. This is the paper's design choice, not a valid bound: it is one
+  reason the heuristic can miss the optimum.
+- Every available instance (quota minus existing) is listed once, sorted by its iteration time
+  alone; for each size every window of adjacent instances (plus the existing instances, which are
+  always in) is scored, and the cheapest window that meets the deadline wins.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tasks.planner.bounds import IterationBound, greedy_fill
+from tasks.planner.exact import Incumbent, pick_best
+from tasks.planner.problem import Problem
+
+
+def size_range(problem: Problem) -> tuple[int, int]:
+    model, lower, upper = problem.model, problem.lower, problem.upper
+    lo_total, hi_total = int(lower.sum()), int(upper.sum())
+    sizes = np.arange(max(1, lo_total), hi_total + 1)
+    usable = upper > 0
+    req = problem.request
+    b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
+    j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
+                     for n in sizes])
+    rates = 1.0 / model.iteration_times_s(sizes.astype(float))
+    x_max = np.array([greedy_fill(rates[i], lower, upper - lower, "max", sizes[i] - lo_total)
+                      for i in range(len(sizes))])
+    reachable = sizes[j_lo / x_max <= problem.budget_s]
+    n_lower = int(reachable[0]) if len(reachable) else hi_total + 1
+    a1, b1 = problem.request.profile.contention.alpha1, problem.request.profile.contention.beta1
+    root = (1.0 - b1) / a1 if a1 > 0 else math.inf  # a1*sqrt(n) + b1 < 1  <=>  sqrt(n) < root
+    n_upper = hi_total if root > math.sqrt(hi_total + 1) else math.ceil(root**2) - 1
+    return n_lower, max(min(n_upper, hi_total), 0)
+
+
+def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
+    """Returns the chosen cluster (or an empty Incumbent) and how many clusters were scored."""
+    model = problem.model
+    alone_s = model.iteration_times_s(np.array(1.0))
+    order = np.argsort(alone_s, kind="stable")
+    free = problem.upper - problem.lower
+    instances = np.repeat(order, free[order])  # type index of each available instance, fastest first
+    existing = problem.lower
+    n_lower, n_upper = size_range(problem)
+    m = len(existing)
+    windows = []
+    for n in range(n_lower, n_upper + 1):
+        width = n - int(existing.sum())
+        if width < 0 or width > len(instances):
+            continue
+        if width == 0:
+            windows.append(existing[None, :].copy())
+            continue
+        starts = np.arange(len(instances) - width + 1)
+        onehot = np.zeros((len(instances) + 1, m), dtype=np.int64)
+        onehot[1:][np.arange(len(instances)), instances] = 1
+        cum = np.cumsum(onehot, axis=0)
+        counts = cum[starts + width] - cum[starts] + existing
+        windows.append(np.unique(counts, axis=0))
+    best = Incumbent()
+    if not windows:
+        return best, 0
+    counts = np.concatenate(windows)
+    r = problem.evaluate(counts)
+    ok = np.flatnonzero(r["time_s"] <= problem.budget_s)
+    if len(ok):
+        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost")]
+        best = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
+    return best, len(counts)

@@ -1,0 +1,166 @@
+"""The provisioning problem (model.md, Eq. 11-14) and its answer, independent of the solver."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from tasks.errors import UserInputError
+from tasks.model import Model
+from tasks.profile import Profile
+
+SolverName = Literal["exact", "heuristic"]
+# Costs within this relative distance are ties (then lower time, then fewer instances win), so
+# that floating-point summation order never decides between equally good plans.
+COST_TIE_REL = 1e-9
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    profile: Profile
+    loss_target: float
+    deadline_s: float
+    existing: dict[str, int] = field(default_factory=dict)
+    quota: dict[str, int] = field(default_factory=dict)  # overrides the profile's per-type quota
+    overhead_s: float = 0.0  # T_ohd: start/join time of new instances, taken off the deadline
+    current_loss: float | None = None  # re-planning mid-training: the loss reached so far
+    bandwidth_margin: float = 0.0
+    solver: SolverName = "exact"
+    on_demand: bool = False  # price at on-demand rates (the all-on-demand baseline)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated request as arrays: counts must lie in [lower, upper] per type."""
+
+    request: PlanRequest
+    model: Model
+    lower: np.ndarray
+    upper: np.ndarray
+    budget_s: float  # deadline minus overhead
+
+    def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+        return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """How the solve ended, scipy.optimize style: `status` says whether `plan` is usable."""
+
+    status: Literal["optimal", "feasible", "infeasible"]
+    plan: dict[str, int]
+    predicted_time_s: float
+    predicted_cost_usd: float
+    iterations: float
+    wa_batch: float
+    cc: float
+    usd_per_h: float
+    solver: str
+    solve_seconds: float
+    evaluated: int = 0  # clusters scored
+    fastest_time_s: float | None = None  # set when infeasible
+    message: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.status != "infeasible"
+
+    def to_json(self) -> dict:
+        """The CLI contract's `plan --json` object."""
+        return {
+            "plan": self.plan,
+            "predicted_time_s": self.predicted_time_s,
+            "predicted_cost_usd": self.predicted_cost_usd,
+            "iterations": self.iterations,
+            "wa_batch": self.wa_batch,
+            "cc": self.cc,
+            "solver": self.solver,
+            "solve_seconds": self.solve_seconds,
+        }
+
+
+def _check_counts(profile: Profile, counts: dict[str, int], what: str) -> None:
+    for name, n in counts.items():
+        profile.instance(name)
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise UserInputError(f"{what} for {name} must be a non-negative integer, got {n!r}")
+
+
+def build_problem(req: PlanRequest) -> Problem:
+    """Validate a request against its profile; every message names the offending value."""
+    profile = req.profile
+    g5 = profile.loss.gamma5
+    if not math.isfinite(req.deadline_s) or req.deadline_s <= 0:
+        raise UserInputError(f"deadline must be a positive number of seconds, got {req.deadline_s}")
+    if not math.isfinite(req.loss_target):
+        raise UserInputError(f"loss target must be a finite number, got {req.loss_target}")
+    if req.loss_target <= g5:
+        raise UserInputError(
+            f"loss target {req.loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {g5}"
+        )
+    if req.current_loss is not None:
+        if not math.isfinite(req.current_loss) or req.current_loss <= g5:
+            raise UserInputError(f"current loss must be a finite number above gamma5 = {g5}, got {req.current_loss}")
+        if req.current_loss <= req.loss_target:
+            raise UserInputError(
+                f"current loss {req.current_loss} already meets the target {req.loss_target}: nothing to plan"
+            )
+    if not math.isfinite(req.overhead_s) or req.overhead_s < 0:
+        raise UserInputError(f"overhead must be zero or more seconds, got {req.overhead_s}")
+    if not 0.0 <= req.bandwidth_margin < 1.0:
+        raise UserInputError(f"bandwidth margin must be in [0, 1), got {req.bandwidth_margin}")
+    if req.solver not in ("exact", "heuristic"):
+        raise UserInputError(f"unknown solver {req.solver!r} (exact or heuristic)")
+    _check_counts(profile, req.existing, "existing count")
+    _check_counts(profile, req.quota, "quota")
+
+    model = Model.from_profile(profile, req.bandwidth_margin, req.on_demand)
+    lower = model.counts_vector(req.existing)
+    upper = model.types.quota.copy()
+    for name, q in req.quota.items():
+        upper[model.types.names.index(name)] = q
+    short = [(nm, int(lo), int(hi)) for nm, lo, hi in zip(model.types.names, lower, upper) if hi < lo]
+    if short:
+        nm, lo, hi = short[0]
+        raise UserInputError(f"quota for {nm} ({hi}) is below its existing count ({lo})")
+    if upper.sum() == 0:
+        raise UserInputError("every quota is 0: no instance can be provisioned")
+    budget_s = req.deadline_s - req.overhead_s
+    if budget_s <= 0:
+        raise UserInputError(
+            f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
+        )
+    return Problem(req, model, lower, upper, budget_s)
+
+
+def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float) -> bool:
+    """Is plan a strictly better than plan b under model.md's order (cost, then time, then size)?"""
+    if cost_a < cost_b * (1 - COST_TIE_REL):
+        return True
+    if cost_b < cost_a * (1 - COST_TIE_REL):
+        return False
+    if time_a < time_b * (1 - COST_TIE_REL):
+        return True
+    if time_b < time_a * (1 - COST_TIE_REL):
+        return False
+    return n_a < n_b
+
+
+def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status: str, solve_s: float,
+                evaluated: int, fastest_time_s: float | None = None, message: str = "") -> PlanResult:
+    names = problem.model.types.names
+    if counts is None:
+        nan = float("nan")
+        return PlanResult("infeasible", {}, nan, nan, nan, nan, nan, nan, solver, solve_s, evaluated,
+                          fastest_time_s, message)
+    r = problem.evaluate(counts)
+    plan = {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
+    return PlanResult(
+        status=status, plan=plan,
+        predicted_time_s=float(r["time_s"][0]), predicted_cost_usd=float(r["cost_usd"][0]),
+        iterations=float(r["iterations"][0]), wa_batch=float(r["wa_batch"][0]), cc=float(r["cc"][0]),
+        usd_per_h=float(r["usd_per_h"][0]), solver=solver, solve_seconds=solve_s, evaluated=evaluated,
+        message=message,
+    )

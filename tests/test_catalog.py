@@ -1,0 +1,30 @@
+import json
+
+import pytest
+
+from tasks.catalog import CATALOG, SOURCES, build_catalog, catalog_instance_types, network_mbps
+from tasks.errors import UserInputError
+
+
+@pytest.mark.parametrize("label, mbps", [("Up to 10 Gigabit", 1250.0), ("25 Gigabit", 3125.0),
+                                         ("4x 100 Gigabit", 50000.0), ("Up to 12.5 Gigabit", 1562.5),
+                                         ("High", None), ("Moderate", None)])
+def test_network_labels(label, mbps):
+    assert network_mbps(label) == mbps
+
+
+def test_committed_catalog_is_what_the_sources_build():
+    assert build_catalog(SOURCES) == json.loads(CATALOG.read_text())
+
+
+def test_catalog_has_real_prices_and_bands():
+    types = {t.name: t for t in catalog_instance_types("us-east-1")}
+    p3 = types["p3.2xlarge"]
+    assert p3.gpus == 1 and "V100" in p3.gpu_model and p3.on_demand_usd_per_h == pytest.approx(3.06)
+    assert p3.spot_usd_per_h < p3.on_demand_usd_per_h
+    assert p3.interruption_band == 4  # the Spot Advisor's >20% band
+
+
+def test_unknown_region_is_a_clear_error():
+    with pytest.raises(UserInputError, match="no priced GPU type in region 'mars-1'"):
+        catalog_instance_types("mars-1")

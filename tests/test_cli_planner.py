@@ -1,0 +1,84 @@
+"""The CLI contract (shared/contracts/cli.md), run as a real subprocess."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SHIPPED_PROFILE
+
+PROFILE = str(SHIPPED_PROFILE)
+
+
+def spotfill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_predict_json():
+    r = spotfill("predict", PROFILE, "--cluster", "g3.8xlarge=5,g3.16xlarge=3", "--loss", "0.8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"workers", "iterations", "expected_iteration_time_s", "speed", "wa_batch", "cc",
+                        "predicted_time_s", "predicted_cost_usd"}
+    assert out["workers"] == 8
+    assert out["predicted_time_s"] == pytest.approx(2549.02, abs=0.05)
+
+
+def test_plan_json_and_human():
+    r = spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "2000", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["solver"] == "exact" and out["predicted_time_s"] <= 2000
+    assert r.stdout.count("\n") == 1  # one JSON object, nothing else on stdout
+    human = spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "2000", "--solver", "heuristic")
+    assert human.returncode == 0 and "predicted cost" in human.stdout and "heuristic" in human.stdout
+
+
+def test_plan_out_file_is_written(tmp_path):
+    target = tmp_path / "plans" / "plan.json"
+    r = spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--out", str(target), "--json")
+    assert r.returncode == 0
+    assert json.loads(target.read_text()) == json.loads(r.stdout) | {"solve_seconds": json.loads(target.read_text())["solve_seconds"]}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", "missing.json", "--loss", "0.8", "--deadline", "100"], "profile not found"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "0"], "deadline must be a positive"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "-3"], "deadline must be a positive"),
+        (["plan", PROFILE, "--loss", "0.5", "--deadline", "3000"], "unreachable"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--existing", "zz.big=1"], "unknown instance type"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quota", "p3.2xlarge=1", "--existing",
+          "p3.2xlarge=2"], "below its existing count"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "500"], "fastest plan within the quotas takes"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quota", "p3.2xlarge"], "expected TYPE=N"),
+        (["plan", PROFILE, "--loss", "abc", "--deadline", "3000"], "not a number"),
+        (["predict", PROFILE, "--cluster", "p3.2xlarge=0", "--loss", "0.8"], "names no instance"),
+        (["plan", PROFILE, "--deadline", "3000"], "required: --loss"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = spotfill(*args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_profile_field_is_named(tmp_path):
+    data = json.loads(SHIPPED_PROFILE.read_text())
+    del data["instances"][1]["compute_time_s"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = spotfill("plan", str(bad), "--loss", "0.8", "--deadline", "3000")
+    assert r.returncode == 2 and "instances.1.compute_time_s: missing field" in r.stderr
+
+
+def test_cli_start_up_imports_neither_torch_nor_prefect():
+    code = ("import sys; from tasks.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'prefect', 'boto3') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -1,0 +1,192 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tasks.errors import InfeasibleError, UserInputError
+from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
+from tasks.planner.brute import solve_brute_force
+from tasks.planner.heuristic import solve_heuristic
+from tasks.planner.problem import COST_TIE_REL, build_problem
+from tasks.profile import load_profile, profile_from_dict
+from tests.conftest import SHIPPED_PROFILE
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def profiles(draw, max_types=4, max_quota=4):
+    m = draw(st.integers(1, max_types))
+    instances = []
+    for i in range(m):
+        instances.append({
+            "type": f"t{i}.x", "gpus": draw(st.sampled_from([1, 2, 4, 8])),
+            "batch_per_gpu": draw(st.sampled_from([256, 512, 1024])),
+            "compute_time_s": draw(st.floats(0.2, 4.0)),
+            "spot_price": draw(st.floats(0.1, 3.0)), "on_demand_price": 5.0,
+            "quota": draw(st.integers(0, max_quota)),
+        })
+    if all(i["quota"] == 0 for i in instances):
+        instances[0]["quota"] = 1
+    return profile_from_dict({
+        "workload": "w", "param_mb": draw(st.floats(2, 40)), "required_bandwidth_mbps": draw(st.floats(50, 300)),
+        "ps_bandwidth_mbps": draw(st.floats(300, 2000)), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
+        "contention": {"alpha1": draw(st.floats(0.0, 1.2)), "beta1": draw(st.floats(-3.0, 0.0))},
+        "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
+                 "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5},
+        "instances": instances,
+    })
+
+
+def fastest(profile, loss, **kw):
+    """The fastest plan's time; cases where the target is met before training starts are skipped."""
+    best = fastest_time_s(build_problem(PlanRequest(profile, loss, 1e12, **kw)))
+    assume(0 < best < math.inf)
+    return best
+
+
+def same_cost(a, b):
+    return abs(a - b) <= COST_TIE_REL * max(abs(a), abs(b)) + 1e-15
+
+
+@SETTINGS
+@given(profiles(), st.floats(0.6, 1.5), st.floats(1.0, 4.0))
+def test_exact_equals_brute_force_and_beats_heuristic(profile, loss, slack):
+    deadline = fastest(profile, loss) * slack
+    problem = build_problem(PlanRequest(profile, loss, deadline))
+    result = solve_problem(problem)
+    brute = solve_brute_force(problem)[0]
+    assert result.feasible and brute.counts is not None
+    assert same_cost(result.predicted_cost_usd, brute.cost)
+    heuristic, _ = solve_heuristic(problem)
+    if heuristic.counts is not None:
+        assert result.predicted_cost_usd <= heuristic.cost * (1 + COST_TIE_REL)
+    assert result.predicted_time_s <= deadline * (1 + 1e-9)
+
+
+@SETTINGS
+@given(profiles(), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.floats(1.0, 2.0))
+def test_cost_never_rises_with_a_later_deadline(profile, loss, slack, later):
+    deadline = fastest(profile, loss) * slack
+    early = solve(PlanRequest(profile, loss, deadline))
+    late = solve(PlanRequest(profile, loss, deadline * later))
+    assert late.predicted_cost_usd <= early.predicted_cost_usd * (1 + COST_TIE_REL)
+
+
+@SETTINGS
+@given(profiles(), st.floats(0.6, 1.5), st.floats(0.01, 0.3), st.floats(1.0, 3.0))
+def test_cost_never_falls_with_a_lower_loss_target(profile, loss, lower_by, slack):
+    hard_loss = max(0.5 + 1e-3, loss - lower_by)
+    deadline = fastest(profile, hard_loss) * slack  # feasible for both targets
+    easy = solve(PlanRequest(profile, loss, deadline))
+    hard = solve(PlanRequest(profile, hard_loss, deadline))
+    assert hard.predicted_cost_usd >= easy.predicted_cost_usd * (1 - COST_TIE_REL)
+
+
+@SETTINGS
+@given(profiles(max_quota=5), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
+def test_plan_respects_quotas_and_keeps_existing(profile, loss, slack, data):
+    existing, quota = {}, {}
+    for inst in profile.instances:
+        q = data.draw(st.integers(0, 5))
+        quota[inst.type] = q
+        existing[inst.type] = data.draw(st.integers(0, min(q, 2)))
+    if sum(quota.values()) == 0:
+        quota[profile.instances[0].type] = 1
+    deadline = fastest(profile, loss, existing=existing, quota=quota) * slack
+    for solver in ("exact", "heuristic"):
+        try:
+            r = solve(PlanRequest(profile, loss, deadline, existing=existing, quota=quota, solver=solver))
+        except InfeasibleError:
+            assert solver == "heuristic"  # the exact solver always finds a plan when one exists
+            continue
+        for name in quota:
+            assert existing[name] <= r.plan.get(name, 0) <= quota[name]
+
+
+@SETTINGS
+@given(profiles(), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.randoms(use_true_random=False))
+def test_reordering_types_changes_nothing(profile, loss, slack, rnd):
+    deadline = fastest(profile, loss) * slack
+    data = profile.model_dump()
+    rnd.shuffle(data["instances"])
+    shuffled = profile_from_dict(data)
+    for solver in ("exact", "heuristic"):
+        try:
+            a = solve(PlanRequest(profile, loss, deadline, solver=solver))
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError):
+                solve(PlanRequest(shuffled, loss, deadline, solver=solver))
+            continue
+        b = solve(PlanRequest(shuffled, loss, deadline, solver=solver))
+        assert a.plan == b.plan
+        assert a.predicted_cost_usd == pytest.approx(b.predicted_cost_usd, rel=1e-12)
+
+
+def test_exact_matches_brute_force_on_the_shipped_profile_with_existing_and_current_loss():
+    profile = load_profile(SHIPPED_PROFILE)
+    for existing, current, overhead, deadline in [({}, None, 0, 2000), ({"g3.8xlarge": 2}, 1.4, 30, 2500),
+                                                   ({"p2.8xlarge": 1}, None, 60, 4000)]:
+        problem = build_problem(PlanRequest(profile, 0.8, deadline, existing=existing, overhead_s=overhead,
+                                            current_loss=current))
+        r = solve_problem(problem)
+        brute = solve_brute_force(problem)[0]
+        assert same_cost(r.predicted_cost_usd, brute.cost)
+        assert r.status == "optimal"
+
+
+def test_replanning_remaining_work_is_less_than_from_scratch():
+    profile = load_profile(SHIPPED_PROFILE)
+    fresh = solve(PlanRequest(profile, 0.8, 2500, existing={"g3.8xlarge": 2}))
+    midway = solve(PlanRequest(profile, 0.8, 2500, existing={"g3.8xlarge": 2}, current_loss=1.0))
+    assert midway.predicted_cost_usd < fresh.predicted_cost_usd
+    assert midway.plan.get("g3.8xlarge", 0) >= 2
+
+
+def test_overhead_and_margin_tighten_the_plan():
+    profile = load_profile(SHIPPED_PROFILE)
+    base = solve(PlanRequest(profile, 0.8, 2100))
+    assert solve(PlanRequest(profile, 0.8, 2100, overhead_s=120)).predicted_time_s <= 1980
+    assert solve(PlanRequest(profile, 0.8, 2100, bandwidth_margin=0.05)).predicted_cost_usd >= base.predicted_cost_usd
+
+
+def test_infeasible_deadline_reports_the_fastest_time():
+    profile = load_profile(SHIPPED_PROFILE)
+    best = fastest_time_s(build_problem(PlanRequest(profile, 0.8, 1e12)))
+    with pytest.raises(InfeasibleError) as err:
+        solve(PlanRequest(profile, 0.8, best * 0.9))
+    assert err.value.fastest_time_s == pytest.approx(best)
+    assert f"{best:.1f} s" in str(err.value)
+    assert solve(PlanRequest(profile, 0.8, best * 1.0001)).predicted_time_s <= best * 1.0001
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"deadline_s": 0}, "deadline must be a positive"),
+        ({"deadline_s": -10}, "deadline must be a positive"),
+        ({"loss_target": 0.5}, "unreachable"),
+        ({"loss_target": 0.3}, "unreachable"),
+        ({"existing": {"nope.large": 1}}, "unknown instance type 'nope.large'"),
+        ({"quota": {"p3.2xlarge": 1}, "existing": {"p3.2xlarge": 2}}, "below its existing count"),
+        ({"current_loss": 0.7}, "already meets the target"),
+        ({"overhead_s": 5000}, "leaves no time"),
+        ({"bandwidth_margin": 1.0}, "bandwidth margin"),
+        ({"quota": {t: 0 for t in ["p3.2xlarge", "g4dn.4xlarge", "g3.8xlarge", "g3.16xlarge", "p2.8xlarge"]}},
+         "every quota is 0"),
+    ],
+)
+def test_bad_requests(kwargs, message):
+    args = {"profile": load_profile(SHIPPED_PROFILE), "loss_target": 0.8, "deadline_s": 3000} | kwargs
+    with pytest.raises(UserInputError, match=message):
+        solve(PlanRequest(**args))
+
+
+def test_result_json_has_the_contract_keys():
+    r = solve(PlanRequest(load_profile(SHIPPED_PROFILE), 0.8, 3000))
+    assert set(r.to_json()) == {"plan", "predicted_time_s", "predicted_cost_usd", "iterations", "wa_batch",
+                                "cc", "solver", "solve_seconds"}
+    assert all(isinstance(v, int) and v > 0 for v in r.plan.values())
+    assert math.isfinite(r.predicted_cost_usd) and np.isfinite(r.iterations)
