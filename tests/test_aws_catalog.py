@@ -14,7 +14,7 @@ from tasks.providers.aws import AwsConfig, client_token, load_aws_config, user_d
 from tasks.providers.aws_catalog import PriceRecord, price_stats
 from tasks.providers.base import Startup
 
-ARCHIVE = Path(__file__).parent / "data" / "spot-prices-gpu-2022-05-31-linux.tsv"
+ARCHIVE = Path(__file__).resolve().parents[1] / "profiles" / "sources" / "spot-prices-gpu-2022-05-31.tsv"
 T0 = datetime(2022, 5, 31, tzinfo=timezone.utc)
 
 
@@ -70,9 +70,9 @@ def test_type_facts_from_a_describe_instance_types_entry():
     assert (cpu.gpus, cpu.gpu_model, cpu.network_mbps) == (0, "none", 1250.0)
 
 
-def test_shipped_reference_tables_cover_the_gpu_types():
+def test_the_projects_reference_data_covers_the_gpu_types():
     bands = aws_catalog.load_interruption_bands(aws_catalog.DEFAULT_SPOT_ADVISOR_PATH, "us-east-1")
-    on_demand = aws_catalog.load_on_demand_prices(aws_catalog.DEFAULT_ON_DEMAND_PRICES_PATH, "us-east-1")
+    on_demand = aws_catalog.load_on_demand_prices(aws_catalog.DEFAULT_INSTANCE_CATALOG_PATH, "us-east-1")
     assert set(bands.values()) <= {0, 1, 2, 3, 4}
     assert on_demand["g4dn.xlarge"] == 0.526  # ec2instances.info, us-east-1 Linux
     assert {"g4dn.xlarge", "g5.xlarge", "p3.2xlarge"} <= set(on_demand) & set(bands)

@@ -19,7 +19,7 @@ from tasks.providers.base import CapacityError, QuotaError, Startup
 from tasks.providers.imds_watcher import Imds, check, tag_relay, watch
 from tasks.providers.plan_step import launch_step, takeover_counts
 
-ARCHIVE = Path(__file__).parent / "data" / "spot-prices-gpu-2022-05-31-linux.tsv"
+ARCHIVE = Path(__file__).resolve().parents[1] / "profiles" / "sources" / "spot-prices-gpu-2022-05-31.tsv"
 TYPES = ["g4dn.2xlarge", "g5.xlarge", "g5.2xlarge", "g5g.xlarge"]
 REGION = "us-east-1"
 

@@ -83,7 +83,7 @@ class AwsConfig(BaseModel):
     on_demand_usd_per_h: dict[str, float] = Field(default_factory=dict)  # adds to / overrides the table
     candidate_types: list[str] | None = None  # limit the catalog to these (None: every GPU type)
     spot_advisor_path: Path = aws_catalog.DEFAULT_SPOT_ADVISOR_PATH
-    on_demand_prices_path: Path = aws_catalog.DEFAULT_ON_DEMAND_PRICES_PATH
+    instance_catalog_path: Path = aws_catalog.DEFAULT_INSTANCE_CATALOG_PATH
     spot_price_archive: Path | None = None  # a price archive TSV instead of the live price API
     price_window_s: float = Field(default=7 * 86400.0, gt=0)
 
@@ -262,7 +262,7 @@ class AwsProvider(Provider):
             else:
                 records = aws_catalog.fetch_price_history(self.ec2, gpu_names, cfg.price_window_s, now) if gpu_names else []
             zone = self._subnet_zone()
-        on_demand = {**aws_catalog.load_on_demand_prices(cfg.on_demand_prices_path, cfg.region), **cfg.on_demand_usd_per_h}
+        on_demand = {**aws_catalog.load_on_demand_prices(cfg.instance_catalog_path, cfg.region), **cfg.on_demand_usd_per_h}
         bands = aws_catalog.load_interruption_bands(cfg.spot_advisor_path, cfg.region)
         self._catalog = aws_catalog.build_catalog(cfg.region, facts, records, on_demand, bands, now, zone)
         return self._catalog
@@ -304,7 +304,7 @@ class AwsProvider(Provider):
             return offer.spot_usd_per_h if market == "spot" else offer.on_demand_usd_per_h
         if self._on_demand is None:
             self._on_demand = {
-                **aws_catalog.load_on_demand_prices(self.config.on_demand_prices_path, self.config.region),
+                **aws_catalog.load_on_demand_prices(self.config.instance_catalog_path, self.config.region),
                 **self.config.on_demand_usd_per_h,
             }
         if instance_type in self._on_demand:

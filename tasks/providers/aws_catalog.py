@@ -5,6 +5,8 @@ DescribeSpotPriceHistory (prices per type and availability zone), and Service Qu
 per instance family). Two things the EC2 API does not give come from files shipped under
 profiles/: on-demand prices (ec2instances.info snapshot) and interruption bands (the Spot Instance
 Advisor feed, same format as AWS publishes it, so a fresh download can replace it).
+Both default to the project's copies: profiles/instance-catalog.json (tasks.catalog) and
+profiles/sources/spot-advisor-data.json.
 
 A spot price archive (the TSV of DescribeSpotPriceHistory rows keyed by AZ id, as in the public
 archive) can stand in for the live price API: offline planning, replays, and moto, whose spot
@@ -20,12 +22,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from tasks.catalog import CATALOG, SOURCES, load_catalog
 from tasks.providers.base import InstanceType
 
 LINUX_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_SPOT_ADVISOR_PATH = REPO / "profiles" / "aws-spot-advisor-gpu.json"
-DEFAULT_ON_DEMAND_PRICES_PATH = REPO / "profiles" / "aws-on-demand-gpu.json"
+DEFAULT_SPOT_ADVISOR_PATH = SOURCES / "spot-advisor-data.json"
+DEFAULT_INSTANCE_CATALOG_PATH = CATALOG
 
 # Service Quotas codes (service "ec2"), in vCPUs, by instance family group and market.
 SPOT_QUOTA_CODES = {"standard": "L-34B43A08", "g": "L-3819A6DF", "p": "L-7212CCBC"}
@@ -186,9 +188,13 @@ def load_interruption_bands(path: Path, region: str) -> dict[str, int]:
 
 
 def load_on_demand_prices(path: Path, region: str) -> dict[str, float]:
-    """Linux on-demand USD per instance-hour per type in the region."""
-    table = json.loads(Path(path).read_text())
-    return {t: float(p) for t, p in table.get("on_demand_usd_per_h", {}).get(region, {}).items()}
+    """Linux on-demand USD per instance-hour per type in the region, from the instance catalog."""
+    prices = {}
+    for entry in load_catalog(path)["types"]:
+        price = (entry["regions"].get(region) or {}).get("on_demand_usd_per_h")
+        if price:
+            prices[entry["type"]] = float(price)
+    return prices
 
 
 @dataclass(frozen=True)
