@@ -11,11 +11,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Iterator
+
+from tasks.providers.base import EventKind, Provider, ProviderEvent
+
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -98,6 +105,7 @@ class ImdsStub:
         self.instance_action: dict[str, str] | None = None
         self.rebalance: dict[str, str] | None = None
         self.noticed_at_s: float | None = None
+        self.asked_instance_id = threading.Event()  # the watcher is up and has its instance id
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -127,6 +135,8 @@ class ImdsStub:
                     "/latest/meta-data/events/recommendations/rebalance": stub.rebalance and json.dumps(stub.rebalance),
                 }
                 body = answers.get(self.path)
+                if self.path.endswith("/instance-id"):
+                    stub.asked_instance_id.set()
                 self._send(200, body) if body else self._send(404)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -151,3 +161,39 @@ class ImdsStub:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def watched_instance(instance_id: str, region: str, endpoint_url: str, poll_s: float) -> Iterator[ImdsStub]:
+    """An IMDS stub for the instance and the real watcher process (as user data starts it)
+    polling it; yields once the watcher is up."""
+    stub = ImdsStub(instance_id)
+    argv = [sys.executable, "-m", "tasks.providers.imds_watcher", "--region", region,
+            "--metadata-url", stub.url, "--endpoint-url", endpoint_url, "--poll-s", str(poll_s)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if not stub.asked_instance_id.wait(timeout=60):
+            raise TimeoutError(f"the IMDS watcher for {instance_id} did not start within 60 s")
+        yield stub
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        stub.close()
+
+
+def wait_for_event(
+    provider: Provider, run_id: str, kind: EventKind, instance_id: str, poll_s: float, timeout_s: float = 60.0
+) -> tuple[ProviderEvent, float]:
+    """Poll as the orchestrator does until the event shows; returns it and when it was seen."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        for event in provider.poll_events(run_id):
+            if event.kind == kind and event.instance_id == instance_id:
+                return event, time.time()
+        time.sleep(poll_s)
+    raise TimeoutError(f"no {kind} event for {instance_id} within {timeout_s:g} s")
