@@ -43,14 +43,8 @@ def moto_endpoint():
 
 @pytest.fixture(scope="session")
 def moto_amis(moto_endpoint) -> dict[str, str]:
-    """One of moto's stock Linux AMIs per architecture (x86_64, arm64)."""
     import boto3
 
-    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
-    amis = {}
-    for arch in ("x86_64", "arm64"):
-        images = ec2.describe_images(
-            Owners=["amazon"], Filters=[{"Name": "architecture", "Values": [arch]}]
-        )["Images"]
-        amis[arch] = sorted(i["ImageId"] for i in images)[0]
-    return amis
+    from tasks.providers.aws_sandbox import stock_amis
+
+    return stock_amis(boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1"))

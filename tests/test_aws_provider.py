@@ -286,3 +286,25 @@ def test_takeover_counts_are_the_plan_minus_survivors(make_provider, run_id):
     alive = provider.launch(run_id, "p0", "g5.xlarge", 2).instances
     assert takeover_counts({"g5.xlarge": 3, "g5.2xlarge": 1, "g4dn.2xlarge": 0}, alive) == {"g5.2xlarge": 1, "g5.xlarge": 1}
     provider.cleanup(run_id)
+
+
+def test_cleanup_command_terminates_the_run_and_explains_bad_input(make_provider, moto_endpoint, ec2, run_id, capsys, monkeypatch):
+    from tasks.cli import main
+
+    make_provider().launch(run_id, "p0", "g5.xlarge", 2)
+    assert main(["cleanup", "--run-id", run_id, "--endpoint-url", moto_endpoint, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"provider": "aws", "run_id": run_id, "where": REGION, "terminated": 2}
+    assert running(ec2, run_id) == []
+    assert main(["cleanup", "--run-id", run_id, "--endpoint-url", moto_endpoint]) == 0
+    assert capsys.readouterr().out == f"terminated 0 instance(s) of run {run_id} (aws, {REGION})\n"
+
+    assert main(["cleanup", "--run-id", run_id, "--region", "mars-north-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spotfill: error: aws config: region: ") and "mars-north-1" in err and err.count("\n") == 1
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert main(["cleanup", "--run-id", run_id, "--endpoint-url", moto_endpoint]) == 2
+    assert capsys.readouterr().err.startswith("spotfill: error: no AWS credentials found")

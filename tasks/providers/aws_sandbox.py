@@ -69,13 +69,13 @@ def fake_credentials() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def reset_moto(endpoint_url: str) -> None:
-    """Forget every resource (moto's reset API), so each test starts from an empty account."""
-    import urllib.request
-
-    request = urllib.request.Request(f"{endpoint_url}/moto-api/reset", method="POST")
-    with urllib.request.urlopen(request, timeout=10):
-        pass
+def stock_amis(ec2: object) -> dict[str, str]:
+    """One of moto's stock Amazon AMIs per architecture (x86_64, arm64)."""
+    amis = {}
+    for arch in ("x86_64", "arm64"):
+        images = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": [arch]}])["Images"]  # type: ignore[attr-defined]
+        amis[arch] = sorted(i["ImageId"] for i in images)[0]
+    return amis
 
 
 def revoke(region: str, instance_id: str) -> None:
