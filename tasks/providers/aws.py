@@ -25,7 +25,13 @@ from typing import Any, Iterator
 
 import boto3
 import botocore.config
-from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError, ProfileNotFound
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ProfileNotFound,
+)
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import UserInputError
@@ -154,6 +160,8 @@ def aws_errors(region: str) -> Iterator[None]:
             "no AWS credentials found: boto3's default chain (environment, ~/.aws config and "
             "credentials files, SSO, instance profile) gave none; configure one, e.g. AWS_PROFILE"
         ) from None
+    except EndpointConnectionError as err:
+        raise UserInputError(f"cannot reach the AWS endpoint {err.kwargs.get('endpoint_url')} ({region}): check the network or endpoint_url") from None
     except ProfileNotFound as err:
         raise UserInputError(f"AWS profile {err.kwargs.get('profile')!r} not found in the shared config files") from None
     except ClientError as err:

@@ -4,11 +4,14 @@ reaches the orchestrator, measured on moto's EC2 over HTTP (needs the dev extra,
 Latency is from the moment IMDS posts spot/instance-action to the moment the orchestrator's
 poll returns the revocation_notice event: the real watcher process polls IMDS (a local stub),
 tags its instance through the EC2 API, and the orchestrator's DescribeInstances sees the tag.
-It is bounded by the two poll periods, so each period setting is measured separately.
+It is bounded by the two poll periods, so each period setting is measured separately; the
+notice comes at a random moment of the watcher's period (seeded), as a real one would.
 """
 from __future__ import annotations
 
+import random
 import statistics
+import time
 import uuid
 
 from tasks.providers.base import Startup
@@ -48,11 +51,13 @@ def run_bench(quick: bool) -> dict:
             "cleanup": calls(lambda: provider.cleanup(run_id)),
         }
         latency = []
+        phase = random.Random(6)
         for poll_s in poll_periods_s:
             samples = []
             for trial in range(trials):
                 (victim,) = provider.launch(run_id, f"lat-{poll_s:g}-{trial}", "g5.xlarge", 1).instances
                 with watched_instance(victim.instance_id, REGION, url, poll_s) as imds:
+                    time.sleep(phase.uniform(0.0, poll_s))
                     noticed_at_s = imds.post_notice()
                     _, seen_at_s = wait_for_event(provider, run_id, "revocation_notice", victim.instance_id, poll_s)
                 samples.append(seen_at_s - noticed_at_s)
