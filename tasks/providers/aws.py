@@ -270,10 +270,18 @@ class AwsProvider(Provider):
             else:
                 records = aws_catalog.fetch_price_history(self.ec2, gpu_names, cfg.price_window_s, now) if gpu_names else []
             zone = self._subnet_zone()
-        on_demand = {**aws_catalog.load_on_demand_prices(cfg.instance_catalog_path, cfg.region), **cfg.on_demand_usd_per_h}
         bands = aws_catalog.load_interruption_bands(cfg.spot_advisor_path, cfg.region)
-        self._catalog = aws_catalog.build_catalog(cfg.region, facts, records, on_demand, bands, now, zone)
+        self._catalog = aws_catalog.build_catalog(cfg.region, facts, records, self._on_demand_prices(), bands, now, zone)
         return self._catalog
+
+    def _on_demand_prices(self) -> dict[str, float]:
+        """The instance catalog's on-demand prices, with the config's added or overriding."""
+        if self._on_demand is None:
+            self._on_demand = {
+                **aws_catalog.load_on_demand_prices(self.config.instance_catalog_path, self.config.region),
+                **self.config.on_demand_usd_per_h,
+            }
+        return self._on_demand
 
     def catalog(self) -> Catalog:
         return self._catalog or self.refresh_catalog()
@@ -310,13 +318,8 @@ class AwsProvider(Provider):
         offer = self.catalog().get(instance_type)
         if offer is not None:
             return offer.spot_usd_per_h if market == "spot" else offer.on_demand_usd_per_h
-        if self._on_demand is None:
-            self._on_demand = {
-                **aws_catalog.load_on_demand_prices(self.config.instance_catalog_path, self.config.region),
-                **self.config.on_demand_usd_per_h,
-            }
-        if instance_type in self._on_demand:
-            return self._on_demand[instance_type]
+        if instance_type in self._on_demand_prices():
+            return self._on_demand_prices()[instance_type]
         raise UserInputError(
             f"no {market} price known for {instance_type} in {self.config.region}: add it to on_demand_usd_per_h in the AWS config"
         )

@@ -4,13 +4,15 @@ reaches the orchestrator, measured on moto's EC2 over HTTP (needs the dev extra,
 Latency is from the moment IMDS posts spot/instance-action to the moment the orchestrator's
 poll returns the revocation_notice event: the real watcher process polls IMDS (a local stub),
 tags its instance through the EC2 API, and the orchestrator's DescribeInstances sees the tag.
-It is bounded by the two poll periods, so each period setting is measured separately; the
-notice comes at a random moment of the watcher's period (seeded), as a real one would.
+It is bounded by the two poll periods (at most about twice the period), so each setting is
+measured separately; the watcher's loop, the orchestrator's loop and the notice come at random
+moments relative to each other (seeded), as they would in life.
 """
 from __future__ import annotations
 
 import random
 import statistics
+import threading
 import time
 import uuid
 
@@ -57,10 +59,15 @@ def run_bench(quick: bool) -> dict:
             for trial in range(trials):
                 (victim,) = provider.launch(run_id, f"lat-{poll_s:g}-{trial}", "g5.xlarge", 1).instances
                 with watched_instance(victim.instance_id, REGION, url, poll_s) as imds:
+                    seen: dict = {}
+                    orchestrator = threading.Thread(target=lambda: seen.update(
+                        event=wait_for_event(provider, run_id, "revocation_notice", victim.instance_id, poll_s)))
+                    time.sleep(phase.uniform(0.0, poll_s))  # the two loops out of step, as in life
+                    orchestrator.start()
                     time.sleep(phase.uniform(0.0, poll_s))
                     noticed_at_s = imds.post_notice()
-                    _, seen_at_s = wait_for_event(provider, run_id, "revocation_notice", victim.instance_id, poll_s)
-                samples.append(seen_at_s - noticed_at_s)
+                    orchestrator.join(timeout=120)
+                samples.append(seen["event"][1] - noticed_at_s)
                 provider.terminate([victim.instance_id])
             latency.append({
                 "poll_s": poll_s,
