@@ -70,10 +70,12 @@ def fake_credentials() -> Iterator[None]:
 
 
 def stock_amis(ec2: object) -> dict[str, str]:
-    """One of moto's stock Amazon AMIs per architecture (x86_64, arm64)."""
+    """One of moto's stock Amazon Linux 2023 AMIs per architecture (x86_64, arm64); the name
+    filter keeps the answer small (moto holds about 1,300 AMIs)."""
     amis = {}
     for arch in ("x86_64", "arm64"):
-        images = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": [arch]}])["Images"]  # type: ignore[attr-defined]
+        filters = [{"Name": "architecture", "Values": [arch]}, {"Name": "name", "Values": ["al2023-ami-2023.*"]}]
+        images = ec2.describe_images(Owners=["amazon"], Filters=filters)["Images"]  # type: ignore[attr-defined]
         amis[arch] = sorted(i["ImageId"] for i in images)[0]
     return amis
 
