@@ -185,6 +185,11 @@ def test_guard_and_quotas_refuse_before_anything_starts(make_provider, ec2, run_
         with pytest.raises(QuotaError, match=message):
             provider.launch(run_id, "p0", "g5.xlarge", 3)
         assert "RunInstances" not in provider.api_calls.snapshot()
+    # A step over quota in its second type starts nothing of its first either.
+    provider = make_provider(quotas={"g5.2xlarge": 1})
+    with pytest.raises(QuotaError, match="2 x g5.2xlarge asked, the configured quota is 1"):
+        launch_step(provider, run_id, "p0", {"g5.xlarge": 2, "g5.2xlarge": 2})
+    assert "RunInstances" not in provider.api_calls.snapshot()
     assert running(ec2, run_id) == []
     assert make_provider(quotas={"g5.xlarge": 2}).type_quotas(["g5.xlarge", "g5.2xlarge"]) == {"g5.xlarge": 2, "g5.2xlarge": 16}
 

@@ -207,6 +207,11 @@ def _tags(described: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in described.get("Tags", [])}
 
 
+def _is_step_instance(described: dict[str, Any], plan_id: str, role: str, instance_type: str) -> bool:
+    tags = _tags(described)
+    return tags.get(TAG_PLAN) == plan_id and tags.get(TAG_ROLE) == role and described["InstanceType"] == instance_type
+
+
 def _instance(described: dict[str, Any]) -> Instance:
     tags = _tags(described)
     ec2_state = described["State"]["Name"]
@@ -344,14 +349,11 @@ class AwsProvider(Provider):
         with aws_errors(cfg.region):
             facts = self._facts(instance_type)
             alive = self._described(run_id, ALIVE_STATES)
-            mine = [
-                d for d in alive
-                if (t := _tags(d)).get(TAG_PLAN) == plan_id and t.get(TAG_ROLE) == role and d["InstanceType"] == instance_type
-            ]
+            mine = [d for d in alive if _is_step_instance(d, plan_id, role, instance_type)]
             if len(mine) >= count:
                 return LaunchResult([_instance(d) for d in mine])
             need = count - len(mine)
-            self._check_guard(alive, facts, need, market)
+            self._check_guard(alive, {instance_type: need}, market)
             params = self._run_params(run_id, plan_id, facts, role, market, startup, need, len(mine), count)
             try:
                 reply = self.ec2.run_instances(**params)
@@ -424,34 +426,47 @@ class AwsProvider(Provider):
             argv += ["--endpoint-url", self.config.endpoint_url]
         return argv
 
-    def _check_guard(self, alive: list[dict[str, Any]], facts: TypeFacts, need: int, market: Market) -> None:
-        """Refuse, before anything starts, a launch the run's guard or the account's quota does
-        not admit."""
+    def check_step(self, run_id: str, plan_id: str, counts: dict[str, int], *, role: Role = "worker", market: Market = "spot") -> None:
+        """Refuse a whole plan step before any of it starts (the step's instances already
+        running are not counted twice)."""
+        check_id("run id", run_id)
+        with aws_errors(self.config.region):
+            alive = self._described(run_id, ALIVE_STATES)
+            new = {}
+            for instance_type, count in counts.items():
+                found = sum(1 for d in alive if _is_step_instance(d, plan_id, role, instance_type))
+                if count > found:
+                    new[instance_type] = count - found
+            self._check_guard(alive, new, market)
+
+    def _check_guard(self, alive: list[dict[str, Any]], new: dict[str, int], market: Market) -> None:
+        """Refuse, before anything starts, new instances the run's guard or the account's quota
+        does not admit."""
         cfg = self.config
-        total = len(alive) + need
+        facts = {name: self._facts(name) for name in new}
+        total = len(alive) + sum(new.values())
         if total > cfg.max_instances:
             raise QuotaError(f"guard: the run would have {total} instances alive; max_instances is {cfg.max_instances}")
         usd = sum(
             self.price_usd_per_h(d["InstanceType"], "spot" if d.get("InstanceLifecycle") == "spot" else "on-demand")
             for d in alive
-        ) + need * self.price_usd_per_h(facts.name, market)
+        ) + sum(n * self.price_usd_per_h(name, market) for name, n in new.items())
         if usd > cfg.max_usd_per_hour:
             raise QuotaError(f"guard: the run would cost {usd:.2f} USD/h; max_usd_per_hour is {cfg.max_usd_per_hour:.2f}")
-        same_type = sum(1 for d in alive if d["InstanceType"] == facts.name)
-        if facts.name in cfg.quotas and same_type + need > cfg.quotas[facts.name]:
-            raise QuotaError(f"quota: {same_type + need} x {facts.name} asked, the configured quota is {cfg.quotas[facts.name]}")
-        group = aws_catalog.quota_group(facts.name)
-        limit = self.vcpu_quotas(market).get(group)
-        if limit is not None:
-            in_use = sum(
-                self._facts(d["InstanceType"]).vcpus
-                for d in alive
-                if aws_catalog.quota_group(d["InstanceType"]) == group
-                and (d.get("InstanceLifecycle") == "spot") == (market == "spot")
-            )
-            if in_use + need * facts.vcpus > limit:
+        for name, n in new.items():
+            asked = n + sum(1 for d in alive if d["InstanceType"] == name)
+            if name in cfg.quotas and asked > cfg.quotas[name]:
+                raise QuotaError(f"quota: {asked} x {name} asked, the configured quota is {cfg.quotas[name]}")
+        same_market = [d for d in alive if (d.get("InstanceLifecycle") == "spot") == (market == "spot")]
+        for group in sorted({aws_catalog.quota_group(name) for name in new}):
+            limit = self.vcpu_quotas(market).get(group)
+            if limit is None:
+                continue
+            asked = sum(n * facts[name].vcpus for name, n in new.items() if aws_catalog.quota_group(name) == group)
+            asked += sum(self._facts(d["InstanceType"]).vcpus for d in same_market if aws_catalog.quota_group(d["InstanceType"]) == group)
+            if asked > limit:
                 raise QuotaError(
-                    f"quota: {in_use + need * facts.vcpus} vCPUs of {market} {group.upper()}-family instances asked; "
+                    f"quota: {asked} vCPUs of {market} {group.upper()}-family instances asked; "
                     f"the account's Service Quotas limit is {limit:g}"
                 )
 

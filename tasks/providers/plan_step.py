@@ -38,6 +38,7 @@ def launch_step(
     startup: Startup | None = None,
 ) -> StepResult:
     """Start counts[type] new spot instances of each type for this step (idempotent per step)."""
+    provider.check_step(run_id, plan_id, counts, role=role)  # a step over quota starts nothing
     started: list[Instance] = []
     unavailable: dict[str, str] = {}
     try:
