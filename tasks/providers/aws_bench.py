@@ -15,10 +15,12 @@ import statistics
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from tasks.providers.base import Startup
 
 REGION = "us-east-1"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 TYPES = ["g4dn.2xlarge", "g5.xlarge"]
 
 
@@ -77,7 +79,40 @@ def run_bench(quick: bool) -> dict:
                 "samples_s": samples,
             })
         provider.cleanup(run_id)
-    return {"api_calls": {k: {"total": sum(v.values()), "by_operation": v} for k, v in cost.items()}, "detection_latency": latency}
+    plot_path = plot_latency(latency, ARTIFACTS / "aws-detection-latency.png")
+    return {
+        "api_calls": {k: {"total": sum(v.values()), "by_operation": v} for k, v in cost.items()},
+        "detection_latency": latency,
+        "plot": str(plot_path),
+    }
+
+
+def plot_latency(latency: list[dict], path: Path) -> Path:
+    """Each notice's latency against the poll period, with the two-period bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    periods = [row["poll_s"] for row in latency]
+    for row in latency:
+        ax.scatter([row["poll_s"]] * len(row["samples_s"]), row["samples_s"], color="tab:blue", s=18)
+    ax.plot(sorted(periods), [2 * p for p in sorted(periods)], "--", color="gray", label="2 x poll period")
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(sorted(periods), [f"{p:g}" for p in sorted(periods)])
+    ax.set_xlabel("watcher and orchestrator poll period (s)")
+    ax.set_ylabel("notice -> orchestrator event (s)")
+    ax.set_title("Spot notice detection on moto")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
 
 def format_table(result: dict) -> str:
@@ -89,4 +124,5 @@ def format_table(result: dict) -> str:
               f"{'poll_s':>8}{'trials':>8}{'mean s':>9}{'max s':>9}"]
     for row in result["detection_latency"]:
         lines.append(f"{row['poll_s']:>8g}{row['trials']:>8}{row['mean_s']:>9.2f}{row['max_s']:>9.2f}")
+    lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
