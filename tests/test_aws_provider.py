@@ -311,3 +311,18 @@ def test_cleanup_command_terminates_the_run_and_explains_bad_input(make_provider
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert main(["cleanup", "--run-id", run_id, "--endpoint-url", moto_endpoint]) == 2
     assert capsys.readouterr().err.startswith("spotfill: error: no AWS credentials found")
+
+
+def test_a_configured_subnet_sets_the_vpc_the_zone_and_the_price(make_provider, ec2, run_id):
+    vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24", AvailabilityZone="us-east-1c")["Subnet"]["SubnetId"]
+    provider = make_provider(subnet_id=subnet_id)
+    assert provider.catalog().get("g5.xlarge").spot_usd_per_h == 0.3387  # use1-az2, moto's us-east-1c
+    (worker,) = provider.launch(run_id, "p0", "g5.xlarge", 1).instances
+    (described,) = running(ec2, run_id)
+    assert (described["SubnetId"], described["VpcId"]) == (subnet_id, vpc_id)
+    group_id = described["SecurityGroups"][0]["GroupId"]
+    assert ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]["VpcId"] == vpc_id
+    provider.cleanup(run_id)
+    with pytest.raises(UserInputError, match="subnet subnet-0000dead not found"):
+        make_provider(subnet_id="subnet-0000dead").list_types()
