@@ -1,9 +1,12 @@
-"""`spotfill cleanup --run-id ID [--provider aws|local] [--region R] [--config FILE] [--wait] [--json]`:
-terminate everything a run started, by hand (runs also clean up after themselves)."""
+"""`spotfill cleanup`: terminate everything a run started, by hand (runs also clean up after
+themselves, at the end, on failure and on cancellation).
+
+    spotfill cleanup --run-id ID [--provider aws|local] [--region R] [--config FILE]
+                     [--endpoint-url URL] [--artifacts DIR] [--wait] [--json]
+"""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
@@ -15,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--region", default=None, help="AWS region (default: the config's, else us-east-1)")
     p.add_argument("--config", type=Path, default=None, help="AWS provider config (JSON, fields of AwsConfig)")
     p.add_argument("--endpoint-url", default=None, help="another EC2 endpoint (moto)")
+    p.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="the local provider's run folders")
     p.add_argument("--wait", action="store_true", help="wait until terminated, then delete the run's security group")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=_run)
@@ -38,16 +42,13 @@ def _aws_config(args: argparse.Namespace) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
-    from tasks.errors import UserInputError
     from tasks.providers.aws import check_id
 
     run_id = check_id("run id", args.run_id)
     if args.provider == "local":
-        try:
-            local = importlib.import_module("tasks.providers.local")
-        except ModuleNotFoundError:
-            raise UserInputError("the local provider is not part of this installation") from None
-        terminated, where = local.cleanup_run(run_id), "local"
+        from tasks.providers.local import LocalProvider
+
+        terminated, where = LocalProvider(artifacts_dir=args.artifacts).cleanup(run_id), str(args.artifacts)
     else:
         from tasks.providers.aws import AwsProvider, load_aws_config
 

@@ -20,23 +20,11 @@ import numpy as np
 from tasks.profile import Profile
 
 
-def greedy_fill(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, remaining: np.ndarray) -> np.ndarray:
-    """Best sum of `values` over counts in [lower, lower + extra] that add up to lower.sum() +
-    remaining, for each entry of `remaining` (values of one unit of each type).
-
-    take_best="max" fills the highest values first, "min" the lowest. Entries of `remaining`
-    beyond the total extra capacity get the fill of all capacity (callers rule those out)."""
-    order = np.argsort(-values if take_best == "max" else values, kind="stable")
-    v = values[order]
-    cap = extra[order].astype(float)
-    before = np.concatenate([[0.0], np.cumsum(cap)[:-1]])
-    take = np.clip(np.asarray(remaining, dtype=float)[..., None] - before, 0.0, cap)
-    return float(lower @ values) + take @ v
-
-
 def greedy_fill_suffixes(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, n: int) -> np.ndarray:
-    """greedy_fill for every suffix k of the types at once: row k, column rem is the best sum of
-    `values` over counts of types k.. within their bounds that add up to rem (0 <= rem <= n)."""
+    """Greedy fills for every suffix k of the types at once: row k, column rem is the best
+    (take_best "max" or "min") sum of `values` over counts of types k.. within [lower, lower +
+    extra] that add up to rem (0 <= rem <= n); columns beyond the suffix's capacity are not
+    meaningful (callers rule them out)."""
     m = len(values)
     order = np.argsort(-values if take_best == "max" else values, kind="stable")
     in_suffix = order[None, :] >= np.arange(m)[:, None]  # M x M: type order[j] belongs to suffix k
@@ -47,6 +35,32 @@ def greedy_fill_suffixes(values: np.ndarray, lower: np.ndarray, extra: np.ndarra
     free = np.arange(n + 1, dtype=float)[None, :] - lower_sum[:, None]  # M x (n+1)
     take = np.clip(free[:, :, None] - before[:, None, :], 0.0, cap[:, None, :])
     return forced[:, None] + take @ values[order]
+
+
+def max_rate_by_size(rates: np.ndarray, lower: np.ndarray, upper: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The largest iteration rate X of any cluster of each size (rates: S x M, one row per size).
+
+    The types' rate order is the same at every size (contention adds the same network time to
+    every type), so one greedy order serves all rows."""
+    order = np.argsort(-rates[0], kind="stable")
+    cap = (upper - lower)[order].astype(float)
+    before = np.cumsum(cap) - cap
+    take = np.clip((sizes - lower.sum())[:, None] - before[None, :], 0.0, cap[None, :])
+    return rates @ lower + (take * rates[:, order]).sum(axis=1)
+
+
+def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each cluster size: a lower bound on iterations j, the largest rate X, and the lowest
+    price-per-rate ratio of any usable type, over all clusters the problem allows."""
+    model, req = problem.model, problem.request
+    usable = problem.upper > 0
+    b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
+    j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
+                     for n in sizes])
+    rates = 1.0 / model.iteration_times_s(sizes.astype(float))
+    x_max = max_rate_by_size(rates, problem.lower, problem.upper, sizes)
+    ratio_min = (model.prices_usd_per_h[usable] / rates[:, usable]).min(axis=1)
+    return j_lo, x_max, ratio_min
 
 
 class IterationBound:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, greedy_fill, greedy_fill_suffixes
+from tasks.planner.bounds import IterationBound, greedy_fill_suffixes, size_bounds
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
@@ -75,25 +75,11 @@ class BranchAndBound:
         self.buffer: list[np.ndarray] = []
         self.buffered = 0
 
-    def size_bounds(self, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Lower bounds on (time, cost) over all clusters of each size."""
-        req = self.problem.request
-        rates = 1.0 / self.problem.model.iteration_times_s(sizes.astype(float))[:, self.order]
-        extra = self.upper - self.lower
-        usable = self.upper > 0
-        time_lo, cost_lo = np.empty(len(sizes)), np.empty(len(sizes))
-        for i, n in enumerate(sizes):
-            j_lo = IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(
-                self.suffix_batch_lo[0], self.suffix_batch_hi[0])
-            x_max = greedy_fill(rates[i], self.lower, extra, "max", n - self.lower.sum())
-            time_lo[i] = j_lo / x_max
-            cost_lo[i] = j_lo * (self.price[usable] / rates[i, usable]).min() / 3600.0
-        return time_lo, cost_lo
-
     def run(self) -> None:
         lo_total, hi_total = int(self.lower.sum()), int(self.upper.sum())
         sizes = np.arange(max(1, lo_total), hi_total + 1)
-        time_lo, cost_lo = self.size_bounds(sizes)
+        j_lo, x_max, ratio_min = size_bounds(self.problem, sizes)
+        time_lo, cost_lo = j_lo / x_max, j_lo * ratio_min / 3600.0
         key_lo = cost_lo if self.objective == "cost" else time_lo
         for i in np.argsort(key_lo, kind="stable"):
             if time_lo[i] > self.deadline_s * (1 + COST_TIE_REL):

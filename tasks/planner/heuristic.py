@@ -16,23 +16,15 @@ import math
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, greedy_fill
+from tasks.planner.bounds import size_bounds
 from tasks.planner.exact import Incumbent, pick_best
 from tasks.planner.problem import Problem
 
 
 def size_range(problem: Problem) -> tuple[int, int]:
-    model, lower, upper = problem.model, problem.lower, problem.upper
-    lo_total, hi_total = int(lower.sum()), int(upper.sum())
+    lo_total, hi_total = int(problem.lower.sum()), int(problem.upper.sum())
     sizes = np.arange(max(1, lo_total), hi_total + 1)
-    usable = upper > 0
-    req = problem.request
-    b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
-    j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
-                     for n in sizes])
-    rates = 1.0 / model.iteration_times_s(sizes.astype(float))
-    x_max = np.array([greedy_fill(rates[i], lower, upper - lower, "max", sizes[i] - lo_total)
-                      for i in range(len(sizes))])
+    j_lo, x_max, _ = size_bounds(problem, sizes)
     reachable = sizes[j_lo / x_max <= problem.budget_s]
     n_lower = int(reachable[0]) if len(reachable) else hi_total + 1
     a1, b1 = problem.request.profile.contention.alpha1, problem.request.profile.contention.beta1
@@ -51,6 +43,9 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     existing = problem.lower
     n_lower, n_upper = size_range(problem)
     m = len(existing)
+    onehot = np.zeros((len(instances) + 1, m), dtype=np.int64)
+    onehot[1:][np.arange(len(instances)), instances] = 1
+    cum = np.cumsum(onehot, axis=0)  # cum[i] counts each type among the first i instances
     windows = []
     for n in range(n_lower, n_upper + 1):
         width = n - int(existing.sum())
@@ -60,9 +55,6 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
             windows.append(existing[None, :].copy())
             continue
         starts = np.arange(len(instances) - width + 1)
-        onehot = np.zeros((len(instances) + 1, m), dtype=np.int64)
-        onehot[1:][np.arange(len(instances)), instances] = 1
-        cum = np.cumsum(onehot, axis=0)
         counts = cum[starts + width] - cum[starts] + existing
         windows.append(np.unique(counts, axis=0))
     best = Incumbent()

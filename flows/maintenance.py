@@ -1,0 +1,63 @@
+"""Flows that keep the pipeline's inputs fresh and answer its events: the catalog/price refresh
+(cron), profiling on demand, and the re-plan a drift event asks for (automation)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+
+from tasks.atomic import atomic_write_json
+from tasks.pipeline import stages
+from tasks.pipeline.params import TrainRequest
+
+
+@task(name="build-catalog")
+def build_catalog_task(out: str) -> dict:
+    from tasks.catalog import build_catalog
+
+    catalog = build_catalog()
+    atomic_write_json(out, catalog)
+    return catalog
+
+
+@flow(name="catalog-refresh")
+def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json") -> int:
+    """Rebuild the instance catalog (hardware, prices, interruption bands) and show one region."""
+    catalog = build_catalog_task(out)
+    rows = []
+    for t in catalog["types"]:
+        r = t["regions"].get(region)
+        if r and t["gpus"]:
+            rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
+                         "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
+                         "interruption": r["interruption_label"]})
+    create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}")
+    get_run_logger().info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
+    return len(rows)
+
+
+@flow(name="profile-workload")
+def profile_workload(request: TrainRequest) -> str:
+    """Profile a workload on its candidate types and fit the model, without training."""
+    import uuid
+
+    run_id = f"profile-{uuid.uuid4().hex[:8]}"
+    run_dir = Path(request.artifacts_dir) / run_id
+    measurements = [stages.profile_type(request, run_id, t) for t in request.candidates.types]
+    clusters = stages.profile_clusters(request, run_id, measurements)
+    stages.fit_and_save(request, measurements, clusters, run_dir)
+    return str(run_dir)
+
+
+@flow(name="replan-on-drift")
+def replan_on_drift(resource_id: str, artifacts_dir: str = "artifacts", speed_ratio: float | None = None) -> str:
+    """Asked for by the drift automation: tell the run's watch loop to refit and re-plan (it
+    picks the request up at its next poll)."""
+    run_id = resource_id.removeprefix("spotfill.run.")
+    run_dir = Path(artifacts_dir) / run_id
+    if not run_dir.is_dir():
+        raise ValueError(f"no run directory for {run_id} under {artifacts_dir}")
+    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "speed_ratio": speed_ratio})
+    get_run_logger().info("re-plan requested for %s", run_id)
+    return str(path)

@@ -1,0 +1,117 @@
+"""`spotfill run`: the main job, the train-with-slo flow, on the embedded `local` provider by
+default (Prefect runs it in an ephemeral server unless PREFECT_API_URL points at a real one)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from tasks import cli_args
+
+DEMO = {
+    "workload": "resnet20",
+    "workload_options": {"width": 4},
+    "candidates": ["p3.2xlarge", "g4dn.4xlarge", "g3.8xlarge"],
+    "target_loss": 1.2,
+    "deadline_s": 120.0,
+    "trace": "bamboo_aws-spot-instances-p2-xlarge-us-east-1e-2020-11-23-1700-to-2020-11-24-0700.csv",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train to a loss target before a deadline (the main flow)")
+    p.add_argument("--workload", default=DEMO["workload"])
+    p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
+    p.add_argument("--deadline", type=cli_args.positive_float, default=DEMO["deadline_s"], help="seconds")
+    p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
+    p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
+    p.add_argument("--profile", default=None, help="use this profile instead of profiling")
+    p.add_argument("--solver", choices=["exact", "heuristic"], default="exact")
+    p.add_argument("--provider", choices=["local", "aws"], default="local")
+    p.add_argument("--region", default="us-east-1")
+    p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
+    p.add_argument("--time-scale", type=cli_args.positive_float, default=600.0, help="trace seconds per second")
+    p.add_argument("--revoke-at", type=cli_args.nonnegative_float, action="append", default=[],
+                   help="also revoke one worker this many seconds after launch (repeatable)")
+    p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
+    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.set_defaults(handler=run)
+
+
+def demo_request(artifacts_dir: str = "artifacts"):
+    """The README's main job: a small built-in workload, three local types, one replayed trace."""
+    from tasks.pipeline.params import TrainRequest
+
+    return TrainRequest.model_validate({
+        "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
+        "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
+        "candidates": {"types": DEMO["candidates"]},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"]}},
+        "artifacts_dir": artifacts_dir,
+    })
+
+
+def build_request(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from tasks.errors import UserInputError
+    from tasks.pipeline.params import TrainRequest
+    from tasks.runtime.workloads import parse_options
+
+    types = [t for t in args.types.split(",") if t]
+    try:
+        return TrainRequest.model_validate({
+            "workload": args.workload,
+            "workload_options": parse_options(args.workload_opt) if args.workload_opt else
+            (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
+            "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
+            "candidates": {"types": types, "quotas": args.quota},
+            "profile": args.profile, "solver": args.solver,
+            "provider": {"name": args.provider, "region": args.region,
+                         "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
+                                         "inject_at_s": args.revoke_at}},
+            "filling": {"enabled": not args.no_filling},
+            "artifacts_dir": args.artifacts,
+        })
+    except ValidationError as err:
+        from tasks.profile import format_validation_error
+
+        raise UserInputError(format_validation_error(err, "run parameters")) from None
+
+
+def prefect_defaults() -> None:
+    """Settings for a laptop with no network: a patient ephemeral server, no analytics."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def run(args: argparse.Namespace) -> int:
+    request = build_request(args)
+    prefect_defaults()
+    from flows.train_with_slo import train_with_slo
+    from tasks.pipeline import stages
+    from tasks.progress import ProgressBar
+
+    bar = ProgressBar(100, "training")
+
+    def show(session, obs) -> None:
+        note = f"loss {obs.loss:.3f}" if obs.loss is not None else "starting"
+        bar.advance(int(100 * max(obs.loss_fraction, obs.time_fraction)) - bar.done, f"{note} ${obs.spent_usd:.4f}")
+
+    stages.PROGRESS_LISTENERS.append(show)
+    try:
+        summary = train_with_slo(request)
+    finally:
+        bar.close()
+        stages.PROGRESS_LISTENERS.remove(show)
+    if args.json:
+        from tasks.cli import print_json
+
+        print_json(json.loads(json.dumps(summary, default=str)))
+    else:
+        print(summary["verdict"])
+        print(f"report: {summary['report_dir']}/report.md  timeline: {summary['timeline_png']}")
+    return 0 if summary["met"] else 1

@@ -1,0 +1,99 @@
+"""The pipeline's parameters: typed pydantic models, so the Prefect UI validates what a user
+types and the CLI gets the same checks."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SLO(BaseModel):
+    """What the user is promised: reach `target_loss` within `deadline_s` of the launch."""
+
+    model_config = _STRICT
+    target_loss: float = Field(gt=0, description="training loss to reach (smoothed over updates)")
+    deadline_s: float = Field(gt=0, description="seconds from the launch of training")
+
+
+class Candidates(BaseModel):
+    """Which instance types the planner may use, and how many of each."""
+
+    model_config = _STRICT
+    types: list[str] = Field(min_length=1, description="instance types to profile and plan over")
+    quotas: dict[str, int] = Field(default_factory=dict, description="per-type caps; default 4 each")
+
+    @model_validator(mode="after")
+    def _quotas_name_candidates(self) -> "Candidates":
+        unknown = sorted(set(self.quotas) - set(self.types))
+        if unknown:
+            raise ValueError(f"quota given for a type that is not a candidate: {', '.join(unknown)}")
+        if any(q < 0 for q in self.quotas.values()):
+            raise ValueError("quotas must be zero or more")
+        if len(set(self.types)) != len(self.types):
+            raise ValueError("candidate types repeat")
+        return self
+
+    def quota(self, name: str) -> int:
+        return self.quotas.get(name, 4)
+
+
+class Revocations(BaseModel):
+    """Revocations to replay on the local provider (AWS revokes on its own)."""
+
+    model_config = _STRICT
+    trace: str | None = Field(None, description="a preemption trace under profiles/traces/ to replay")
+    time_scale: float = Field(600.0, gt=0, description="trace seconds per real second")
+    inject_at_s: list[float] = Field(default_factory=list, description="revoke one worker at these run times")
+    notice_s: float = Field(2.0, ge=0, description="notice before the instance is taken")
+
+
+class ProviderSettings(BaseModel):
+    model_config = _STRICT
+    name: Literal["local", "aws"] = "local"
+    region: str = "us-east-1"
+    revocations: Revocations = Field(default_factory=Revocations)
+
+
+class Filling(BaseModel):
+    model_config = _STRICT
+    enabled: bool = True
+    online_rate_per_s: float = Field(5.0, ge=0, description="online inference requests per second per worker")
+    online_slo_s: float = Field(0.5, gt=0, description="latency SLO of one online request")
+
+
+class BudgetCaps(BaseModel):
+    """Guards that hold whatever the planner says."""
+
+    model_config = _STRICT
+    max_instances: int = Field(12, gt=0)
+    max_usd_per_h: float = Field(100.0, gt=0)
+
+
+class TrainRequest(BaseModel):
+    """One training job with its SLO: the main flow's single parameter."""
+
+    model_config = _STRICT
+    workload: str = Field("resnet20", description="a built-in workload name or module:function")
+    workload_options: dict[str, int | float | str] = Field(default_factory=dict)
+    slo: SLO
+    candidates: Candidates
+    profile: str | None = Field(None, description="use this profile JSON instead of profiling")
+    solver: Literal["exact", "heuristic"] = "exact"
+    overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")
+    provider: ProviderSettings = Field(default_factory=ProviderSettings)
+    filling: Filling = Field(default_factory=Filling)
+    budget: BudgetCaps = Field(default_factory=BudgetCaps)
+    drift_threshold: float = Field(0.25, gt=0, description="relative speed shortfall that counts as drift")
+    drift_window_s: float = Field(10.0, gt=0, description="how long drift must last before re-planning")
+    drift_action: Literal["inline", "automation"] = Field(
+        "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
+    artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
+
+    @model_validator(mode="after")
+    def _profile_exists(self) -> "TrainRequest":
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ValueError(f"profile not found: {self.profile}")
+        return self

@@ -1,0 +1,165 @@
+"""The run's report: a verdict in words, tables, and a timeline plot (predicted vs observed loss
+and cost, revocations and re-plans marked), as files under artifacts/<run-id>/ and as Prefect
+artifacts when a flow is running."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tasks.atomic import atomic_write_json, atomic_write_text
+from tasks.model import Model
+from tasks.pipeline.session import TrainingSession
+
+
+def inference_harvested(run_dir: Path) -> dict:
+    """Totals of the workers' inference-filling metrics (<run>/filling/*.json), if any."""
+    totals = {"offline_samples": 0, "online_requests": 0, "online_shed": 0, "workers": 0}
+    for path in sorted((run_dir / "filling").glob("*.json")):
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        totals["workers"] += 1
+        totals["offline_samples"] += int(m.get("offline_samples", 0))
+        totals["online_requests"] += int(m.get("online_completed", 0))
+        totals["online_shed"] += int(m.get("online_shed", 0))
+    return totals
+
+
+def predicted_curve(session: TrainingSession, t_max_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Loss over time as the first plan predicted it: loss(j) of Eq. 3 with j = t / Texp."""
+    first = session.plans[0]
+    model = Model.from_profile(session.profile)
+    r = model.evaluate(model.counts_vector(first.plan), session.request.slo.target_loss)
+    texp = float(r["iteration_time_s"][0])
+    g = session.profile.loss
+    n = float(r["workers"][0])
+    spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
+    numerator = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+    start_s = session.request.overhead_s  # the plan allows this long for workers to start and join
+    t = np.linspace(start_s, t_max_s, 200)
+    return t, numerator / ((t - start_s) / texp + g.gamma1) + g.gamma5
+
+
+def plot_timeline(session: TrainingSession, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    obs = [o for o in session.observations if o.loss is not None]
+    slo = session.request.slo
+    fig, (ax_loss, ax_cost) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    if obs:
+        ax_loss.plot([o.t_s for o in obs], [o.loss for o in obs], label="observed (smoothed)", color="tab:blue")
+        ax_cost.plot([o.t_s for o in session.observations], [o.spent_usd for o in session.observations],
+                     label="observed spend (workers)", color="tab:blue")
+    t_max = max(slo.deadline_s, obs[-1].t_s if obs else 0.0)
+    if session.plans and np.isfinite(session.plans[0].predicted_time_s):
+        t, loss = predicted_curve(session, t_max)
+        ax_loss.plot(t, loss, "--", label=f"predicted, first plan ({session.plans[0].predicted_time_s:.0f} s)",
+                     color="tab:orange")
+        first = session.plans[0]
+        start_s = session.request.overhead_s
+        ax_cost.plot([start_s, start_s + first.predicted_time_s], [0, first.predicted_cost_usd], "--",
+                     color="tab:orange", label="predicted spend, first plan")
+    ax_loss.axhline(slo.target_loss, color="tab:green", lw=1, label=f"target loss {slo.target_loss:g}")
+    for ax in (ax_loss, ax_cost):
+        ax.axvline(slo.deadline_s, color="tab:red", lw=1, label="deadline")
+        for entry in session.timeline:
+            if entry.kind == "revocation" and entry.detail.get("kind") == "revocation_notice":
+                ax.axvline(entry.t_s, color="black", ls=":", lw=1)
+            elif entry.kind == "replan":
+                ax.axvline(entry.t_s, color="tab:purple", ls="-.", lw=1)
+    ax_loss.plot([], [], ":", color="black", label="revocation notice")
+    ax_loss.plot([], [], "-.", color="tab:purple", label="re-plan")
+    ax_loss.set_ylabel("training loss")
+    ax_cost.set_ylabel("USD")
+    ax_cost.set_xlabel("seconds since launch")
+    ax_loss.set_title(f"{session.run_id}: {session.request.workload}, predicted vs observed")
+    ax_loss.legend(fontsize=8)
+    ax_cost.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
+    slo = session.request.slo
+    first = session.plans[0] if session.plans else None
+    word = "SLO met" if result["met"] else "SLO missed"
+    loss = "n/a" if result["final_loss"] is None else f"{result['final_loss']:.4f}"
+    predicted_t = f"{first.predicted_time_s:.1f} s" if first else "n/a"
+    predicted_c = f"${first.predicted_cost_usd:.4f}" if first else "n/a"
+    return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
+            f"{slo.deadline_s:g} s (predicted {predicted_t}); cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
+            f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); "
+            f"{session.revocations} revocation(s) handled with {session.replans} re-plan(s); "
+            f"inference harvested: {harvested['offline_samples']} offline samples, "
+            f"{harvested['online_requests']} online requests")
+
+
+def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict[str, float]) -> dict:
+    run_dir = session.run_dir
+    harvested = inference_harvested(run_dir)
+    timeline_png = plot_timeline(session, run_dir / "timeline.png")
+    total_s = sum(stage_seconds.values())
+    summary = {
+        "run_id": session.run_id, "verdict": verdict(session, result, harvested), **result,
+        "deadline_s": session.request.slo.deadline_s, "target_loss": session.request.slo.target_loss,
+        "predicted_time_s": session.plans[0].predicted_time_s if session.plans else None,
+        "predicted_cost_usd": session.plans[0].predicted_cost_usd if session.plans else None,
+        "plans": [{"plan": p.plan, "solver": p.solver, "predicted_time_s": p.predicted_time_s,
+                   "predicted_cost_usd": p.predicted_cost_usd} for p in session.plans],
+        "alternatives": session.alternatives,
+        "revocations": session.revocations, "replans": session.replans,
+        "inference": harvested, "stage_seconds": stage_seconds,
+        "orchestration_overhead_s": total_s - stage_seconds.get("train", 0.0),
+        "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline],
+        "report_dir": str(run_dir), "timeline_png": str(timeline_png),
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_text(run_dir / "report.md", report_markdown(summary))
+    _prefect_artifacts(summary)
+    return summary
+
+
+def report_markdown(summary: dict) -> str:
+    lines = [f"# {summary['run_id']}", "", f"**{summary['verdict']}**", "",
+             "## Plans (predicted)", "", "| plan | instances | time (s) | cost ($) | status |", "|---|---|---|---|---|"]
+    for r in summary["alternatives"]:
+        inst = ", ".join(f"{n} x {t}" for t, n in sorted(r["plan"].items())) or "-"
+        t = "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s']:.1f}"
+        c = "-" if r["predicted_cost_usd"] is None else f"{r['predicted_cost_usd']:.4f}"
+        lines.append(f"| {r['name']} | {inst} | {t} | {c} | {r['status']} |")
+    lines += ["", "## Timeline", "", "| t (s) | event | detail |", "|---|---|---|"]
+    for e in summary["timeline"]:
+        detail = {k: v for k, v in e.items() if k not in ("t_s", "kind")}
+        lines.append(f"| {e['t_s']:.1f} | {e['kind']} | {json.dumps(detail)} |")
+    lines += ["", "## Stages (wall seconds)", "", "| stage | s |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in summary["stage_seconds"].items()]
+    lines += [f"| orchestration overhead (all but training) | {summary['orchestration_overhead_s']:.2f} |", "",
+              f"![timeline]({Path(summary['timeline_png']).name})", ""]
+    return "\n".join(lines)
+
+
+def _prefect_artifacts(summary: dict) -> None:
+    """Mirror the report as Prefect artifacts when running inside a flow."""
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    run_id = summary["run_id"]
+    create_markdown_artifact(report_markdown(summary), key=f"{run_id}-report",
+                             description=f"{summary['verdict']} (files: {summary['report_dir']})")
+    create_table_artifact([{"t_s": round(e["t_s"], 1), "event": e["kind"],
+                            "detail": json.dumps({k: v for k, v in e.items() if k not in ("t_s", "kind")})}
+                           for e in summary["timeline"]], key=f"{run_id}-timeline", description="What happened when")

@@ -1,0 +1,247 @@
+"""One training job under an SLO, as the pipeline drives it: launch a plan, watch telemetry and
+provider events, re-plan on revocations and drift, stop, and account for what happened.
+
+Plain Python over the provider interface and the runtime's driver, so it runs the same on the
+local provider and on AWS; flows/train_with_slo.py calls these methods as Prefect tasks.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from tasks.errors import InfeasibleError, UserInputError
+from tasks.model import Model
+from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.planner import PlanRequest, PlanResult, solve
+from tasks.planner import exact as exact_search
+from tasks.planner.problem import build_problem, make_result
+from tasks.profile import Profile
+from tasks.providers.base import Provider, ProviderEvent
+
+log = logging.getLogger("spotfill.session")
+
+
+@dataclass
+class Observation:
+    """One poll of a running job."""
+
+    t_s: float  # seconds since training started
+    loss: float | None
+    updates: int
+    samples: int
+    workers: dict[str, int]
+    spent_usd: float  # the workers' spot time, what the planner's cost predicts
+    ps_spent_usd: float  # the parameter server's on-demand time, on top
+    loss_fraction: float
+    time_fraction: float
+    events: list[ProviderEvent] = field(default_factory=list)
+    stopped: str | None = None
+
+
+@dataclass
+class TimelineEntry:
+    t_s: float
+    kind: str  # "plan", "revocation", "replan", "drift", "capacity", "done"
+    detail: dict
+
+
+class SpotCapacityError(RuntimeError):
+    """A launch got fewer instances than asked (the market had no capacity); retried."""
+
+
+def capped_quotas(quota: dict[str, int], max_instances: int) -> dict[str, int]:
+    """Quotas lowered (largest first) until together they fit the instance cap, so that no plan
+    can break the cap whatever the planner picks."""
+    quota = dict(quota)
+    while sum(quota.values()) > max_instances:
+        largest = max(sorted(quota), key=lambda t: quota[t])
+        quota[largest] -= 1
+    return quota
+
+
+class TrainingSession:
+    def __init__(self, request: TrainRequest, profile: Profile, provider: Provider, run_id: str, run_dir: Path):
+        self.request = request
+        self.profile = profile
+        self.provider = provider
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.quota = capped_quotas({t: request.candidates.quota(t) for t in profile.type_names},
+                                   request.budget.max_instances)
+        self.run = None  # tasks.runtime.driver.TrainingRun once launched
+        self.started_s: float | None = None
+        self.plan: dict[str, int] = {}
+        self.plans: list[PlanResult] = []
+        self.alternatives: list[dict] = []  # the chosen plan beside the alternatives (alternatives.py)
+        self.timeline: list[TimelineEntry] = []
+        self.observations: list[Observation] = []
+        self.cost = CostMeter()
+        self.ps_cost = CostMeter()
+        self.drift = DriftDetector(request.drift_threshold, request.drift_window_s)
+        self.initial_loss: float | None = None
+        self.replans = 0
+        self.revocations = 0
+        self.speed_correction = 1.0  # observed / predicted, learnt from drift
+        types = {t.name: t for t in provider.list_types()}
+        self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
+        self.ps_type = profile.type_names[0]
+        self.ps_usd_per_h = types[self.ps_type].on_demand_usd_per_h if self.ps_type in types else 0.0
+
+    # ------------------------------------------------------------------ planning
+    def plan_request(self, deadline_s: float, existing: dict[str, int] | None = None,
+                     current_loss: float | None = None) -> PlanRequest:
+        return PlanRequest(
+            profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
+            existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
+            current_loss=current_loss, solver=self.request.solver,
+        )
+
+    def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
+        """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
+        risk, and the run still does its best)."""
+        try:
+            result = solve(request)
+        except InfeasibleError as err:
+            problem = build_problem(replace(request, deadline_s=1e12, overhead_s=0.0))
+            best, _ = exact_search.search(problem, "time", deadline_s=np.inf)
+            result = make_result(problem, best.counts, "fastest", "feasible", 0.0, 0, message=str(err))
+            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": str(err)}))
+        self.check_budget(result)
+        return result
+
+    def check_budget(self, result: PlanResult) -> None:
+        caps = self.request.budget
+        usd_per_h = self.workers_usd_per_h(result.plan) + self.ps_usd_per_h
+        if usd_per_h > caps.max_usd_per_h:
+            raise UserInputError(f"the plan costs ${usd_per_h:.2f}/h, over the budget cap of "
+                                 f"${caps.max_usd_per_h:.2f}/h; nothing was launched")
+
+    # ------------------------------------------------------------------ launching
+    def start_parameter_server(self) -> None:
+        from tasks.runtime.driver import start_run
+
+        self.run = start_run(self.provider, self.run_id, self.request.workload,
+                             workload_options=self.request.workload_options, run_dir=self.run_dir,
+                             ps_type=self.ps_type)
+
+    def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
+        """Start what `plan` has beyond the running workers; returns what was started. A short
+        launch (no capacity) lowers that type's quota to what it has and raises
+        SpotCapacityError, so the caller re-plans with the market as it is."""
+        from tasks.runtime.driver import add_workers
+
+        running = self.running_workers()
+        started: dict[str, int] = {}
+        for t, n in sorted(plan.items()):
+            want = n - running.get(t, 0)
+            if want <= 0:
+                continue
+            inst = self.profile.instance(t)
+            result = add_workers(self.run, t, want, batch_size=inst.gpus * inst.batch_per_gpu,
+                                 plan_id=plan_id, extra_args=self.worker_args())
+            started[t] = len(result.instances)
+            if result.unavailable:
+                self.quota[t] = running.get(t, 0) + len(result.instances)
+                self.timeline.append(TimelineEntry(self.elapsed_s(), "capacity", {"type": t, "why": result.unavailable}))
+                raise SpotCapacityError(result.unavailable)
+        if self.started_s is None:
+            self.started_s = time.time()
+        self.plan = dict(plan)
+        return started
+
+    def worker_args(self) -> tuple[str, ...]:
+        f = self.request.filling
+        if not f.enabled:
+            return ()
+        return ("--fill", "--fill-online-rate", repr(f.online_rate_per_s), "--fill-online-slo-s", repr(f.online_slo_s))
+
+    def running_workers(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for inst in self.provider.describe(self.run_id):
+            if inst.role == "worker" and inst.state in ("pending", "running"):
+                counts[inst.type] = counts.get(inst.type, 0) + 1
+        return counts
+
+    # ------------------------------------------------------------------ watching
+    def elapsed_s(self) -> float:
+        return 0.0 if self.started_s is None else time.time() - self.started_s
+
+    def workers_usd_per_h(self, workers: dict[str, int]) -> float:
+        return sum(self.prices.get(t, 0.0) * n for t, n in workers.items())
+
+    def observe(self) -> Observation:
+        progress = self.run.progress()
+        events = self.provider.poll_events(self.run_id)
+        now = time.time()
+        workers = self.running_workers()
+        spent = self.cost.advance(now, self.workers_usd_per_h(workers))
+        ps_spent = self.ps_cost.advance(now, self.ps_usd_per_h)
+        if self.initial_loss is None and progress.smoothed_loss is not None:
+            self.initial_loss = progress.smoothed_loss
+        slo = self.request.slo
+        obs = Observation(
+            t_s=self.elapsed_s(), loss=progress.smoothed_loss, updates=progress.updates_total,
+            samples=progress.samples_total, workers=workers, spent_usd=spent, ps_spent_usd=ps_spent,
+            loss_fraction=loss_progress(self.initial_loss, progress.smoothed_loss, slo.target_loss),
+            time_fraction=min(1.0, self.elapsed_s() / slo.deadline_s), events=events, stopped=progress.stopped,
+        )
+        self.observations.append(obs)
+        return obs
+
+    def reached_target(self, obs: Observation) -> bool:
+        return obs.loss is not None and obs.loss <= self.request.slo.target_loss
+
+    def predicted_updates_per_s(self) -> float:
+        """The model's iteration rate 1/Texp for the running cluster."""
+        model = Model.from_profile(self.profile)
+        workers = self.running_workers()
+        if not workers:
+            return 0.0
+        r = model.evaluate(model.counts_vector(workers), self.request.slo.target_loss)
+        return float(1.0 / r["iteration_time_s"][0])
+
+    def check_drift(self, obs: Observation) -> float | None:
+        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s())
+
+    # ------------------------------------------------------------------ re-planning
+    def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset()) -> PlanResult:
+        """Solve again with the survivors as existing instances, the remaining time and the loss
+        reached, then launch the takeover; training carries on meanwhile."""
+        self.replans += 1
+        survivors: dict[str, int] = {}
+        for inst in self.provider.describe(self.run_id):
+            if inst.role == "worker" and inst.state in ("pending", "running") and inst.instance_id not in leaving:
+                survivors[inst.type] = survivors.get(inst.type, 0) + 1
+        remaining_s = self.request.slo.deadline_s - obs.t_s
+        current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.target_loss else None
+        request = self.plan_request(max(remaining_s, 1e-3), existing=survivors, current_loss=current)
+        result = self.solve_or_fastest(request)
+        self.plans.append(result)
+        self.timeline.append(TimelineEntry(obs.t_s, "replan", {
+            "reason": reason, "survivors": survivors, "plan": result.plan,
+            "predicted_remaining_s": result.predicted_time_s, "solver": result.solver}))
+        self.launch(result.plan, plan_id=f"replan-{self.replans}")
+        self.drift.reset()
+        return result
+
+    def refit_for_drift(self, ratio: float) -> None:
+        """Observed speed fell short of the prediction for a sustained window: scale the
+        profile's compute times so the model matches what is observed, then re-plan."""
+        self.speed_correction *= ratio
+        data = self.profile.model_dump()
+        for inst in data["instances"]:
+            inst["compute_time_s"] = inst["compute_time_s"] / ratio
+        self.profile = Profile.model_validate(data)
+
+    # ------------------------------------------------------------------ stopping
+    def stop(self) -> None:
+        from tasks.runtime.driver import stop_run
+
+        if self.run is not None:
+            stop_run(self.run, timeout_s=30.0)
+        self.provider.cleanup(self.run_id)

@@ -1,0 +1,196 @@
+"""The pipeline's stages as plain functions (the flow decorates nothing here): provider set-up,
+profiling and fitting with cache keys, revocation replay, progress listeners, the outcome and
+its report."""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tasks.errors import UserInputError
+from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.session import Observation, TimelineEntry, TrainingSession
+from tasks.profile import Profile, load_profile, profile_from_dict
+from tasks.providers.base import Provider, ProviderEvent
+
+REPO = Path(__file__).resolve().parents[2]
+REPLAN_REQUEST = "replan-request.json"
+
+# Callables told of every observation (the CLI's progress bar listens here).
+PROGRESS_LISTENERS: list[Callable[[TrainingSession, Observation], None]] = []
+
+
+@dataclass
+class StageClock:
+    """Wall time per stage, to report the orchestration overhead."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+
+def make_provider(request: TrainRequest) -> Provider:
+    settings = request.provider
+    if settings.name == "local":
+        from tasks.providers.local import LocalProvider
+
+        provider = LocalProvider(artifacts_dir=Path(request.artifacts_dir))
+    else:
+        from tasks.providers.aws import AwsProvider, load_aws_config
+
+        provider = AwsProvider(load_aws_config({
+            "region": settings.region,
+            "max_instances": request.budget.max_instances,
+            "max_usd_per_hour": request.budget.max_usd_per_h,
+        }))
+    offered = {t.name for t in provider.list_types()}
+    missing = [t for t in request.candidates.types if t not in offered]
+    if missing:
+        raise UserInputError(f"the {settings.name} provider does not offer {', '.join(missing)}")
+    return provider
+
+
+def load_request_profile(request: TrainRequest) -> Profile:
+    """The given profile, narrowed to the candidate types (all of which it must describe)."""
+    profile = load_profile(request.profile)
+    missing = [t for t in request.candidates.types if t not in profile.type_names]
+    if missing:
+        raise UserInputError(f"profile {request.profile} does not describe {', '.join(missing)}")
+    data = profile.model_dump()
+    data["instances"] = [i for i in data["instances"] if i["type"] in request.candidates.types]
+    for inst in data["instances"]:
+        inst["quota"] = request.candidates.quota(inst["type"])
+    return profile_from_dict(data, source=str(request.profile))
+
+
+# ----------------------------------------------------------------------------- profiling
+def profile_type(request: TrainRequest, run_id: str, instance_type: str):
+    from tasks.profiling.single import profile_type as measure
+
+    provider = make_provider(request)
+    try:
+        return measure(provider, f"{run_id}-profile-{instance_type}", request.workload, instance_type,
+                       workload_options=request.workload_options)
+    finally:
+        provider.cleanup(f"{run_id}-profile-{instance_type}")
+
+
+def profile_clusters(request: TrainRequest, run_id: str, measurements: list):
+    from tasks.profiling.clusters import default_clusters, profile_clusters as measure
+
+    provider = make_provider(request)
+    try:
+        return measure(provider, f"{run_id}-clusters", request.workload, measurements,
+                       default_clusters([m.type for m in measurements]), workload_options=request.workload_options)
+    finally:
+        provider.cleanup(f"{run_id}-clusters")
+
+
+def _code_version() -> str:
+    from tasks.profiling.store import code_version
+
+    return code_version()
+
+
+def profile_cache_key(context, parameters: dict) -> str:
+    """Profiles are cached by workload (and options), type, provider and code version."""
+    r: TrainRequest = parameters["request"]
+    opts = json.dumps(r.workload_options, sort_keys=True)
+    return f"profile-type:{r.workload}:{opts}:{parameters['instance_type']}:{r.provider.name}:{_code_version()}"
+
+
+def clusters_cache_key(context, parameters: dict) -> str:
+    r: TrainRequest = parameters["request"]
+    opts = json.dumps(r.workload_options, sort_keys=True)
+    types = ",".join(sorted(r.candidates.types))
+    return f"profile-clusters:{r.workload}:{opts}:{types}:{r.provider.name}:{_code_version()}"
+
+
+def fit_and_save(request: TrainRequest, measurements: list, clusters: list, run_dir: Path) -> Profile:
+    from tasks.profiling.fit import fit_profile
+    from tasks.profiling.store import save_profile
+
+    quotas = {t: request.candidates.quota(t) for t in request.candidates.types}
+    fitted = fit_profile(request.workload, measurements, clusters, quotas=quotas)
+    save_profile(fitted, {"measurements": measurements, "clusters": clusters}, directory=run_dir)
+    return fitted.profile
+
+
+# ----------------------------------------------------------------------------- watching
+def start_revocation_replay(session: TrainingSession) -> None:
+    """Replay the requested revocations (local provider; AWS revokes by itself)."""
+    rev = session.request.provider.revocations
+    provider = session.provider
+    if session.request.provider.name != "local":
+        return
+    if rev.trace:
+        path = Path(rev.trace)
+        path = path if path.is_file() else REPO / "profiles" / "traces" / rev.trace
+        provider.replay_trace(session.run_id, path, rev.time_scale, rev.notice_s)
+    for at_s in rev.inject_at_s:
+        def inject(at_s=at_s) -> None:
+            victims = [i for i in provider.describe(session.run_id)
+                       if i.role == "worker" and i.state == "running"]
+            if victims:
+                provider.inject_revocation(session.run_id, victims[-1].instance_id, rev.notice_s)
+
+        timer = threading.Timer(at_s, inject)
+        timer.daemon = True
+        timer.start()
+
+
+def record_revocation(session: TrainingSession, event: ProviderEvent) -> None:
+    session.timeline.append(TimelineEntry(session.elapsed_s(), "revocation",
+                                          {"instance_id": event.instance_id, "kind": event.kind}))
+
+
+def notify_progress(session: TrainingSession, obs: Observation) -> None:
+    for listener in PROGRESS_LISTENERS:
+        listener(session, obs)
+
+
+def pending_replan_request(session: TrainingSession) -> dict | None:
+    """A re-plan asked for from outside (the drift automation's deployment writes this file),
+    taken once."""
+    path = session.run_dir / REPLAN_REQUEST
+    try:
+        asked = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    path.unlink(missing_ok=True)
+    return asked
+
+
+def alternatives_rows(session: TrainingSession) -> list[dict]:
+    from tasks.pipeline.alternatives import plan_alternatives
+
+    rows = plan_alternatives(session.plan_request(session.request.slo.deadline_s))
+    session.alternatives = rows
+    return [{"plan": r["name"], "instances": ", ".join(f"{n} x {t}" for t, n in sorted(r["plan"].items())) or "-",
+             "predicted time (s)": None if r["predicted_time_s"] is None else round(r["predicted_time_s"], 1),
+             "predicted cost ($)": None if r["predicted_cost_usd"] is None else round(r["predicted_cost_usd"], 4),
+             "status": r["status"]} for r in rows]
+
+
+def outcome(session: TrainingSession, obs: Observation) -> dict:
+    met = session.reached_target(obs) and obs.t_s <= session.request.slo.deadline_s
+    session.timeline.append(TimelineEntry(obs.t_s, "done", {"met": met, "loss": obs.loss}))
+    return {"met": met, "observed_time_s": obs.t_s, "final_loss": obs.loss, "spent_usd": obs.spent_usd,
+            "ps_spent_usd": obs.ps_spent_usd,
+            "updates": obs.updates, "samples": obs.samples, "stopped": obs.stopped}
+
+
+def write_report(session: TrainingSession, result: dict, clock: StageClock) -> dict:
+    from tasks.pipeline.report import write_run_report
+
+    return write_run_report(session, result, clock.seconds)

@@ -1,0 +1,60 @@
+"""What the watch loop computes from telemetry: progress towards the SLO, money spent, and
+whether observed speed has drifted from the prediction."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+def loss_progress(initial_loss: float | None, current_loss: float | None, target_loss: float) -> float:
+    """Fraction of the way from the first observed loss to the target, in [0, 1]."""
+    if initial_loss is None or current_loss is None:
+        return 0.0
+    if initial_loss <= target_loss:
+        return 1.0
+    return min(1.0, max(0.0, (initial_loss - current_loss) / (initial_loss - target_loss)))
+
+
+@dataclass
+class CostMeter:
+    """Integrates the hourly price of whatever is running, poll by poll."""
+
+    spent_usd: float = 0.0
+    last_t: float | None = None
+
+    def advance(self, now_s: float, usd_per_h: float) -> float:
+        if self.last_t is not None and now_s > self.last_t:
+            self.spent_usd += usd_per_h * (now_s - self.last_t) / 3600.0
+        self.last_t = now_s
+        return self.spent_usd
+
+
+@dataclass
+class DriftDetector:
+    """Flags drift when the observed update rate stays below the predicted one by more than
+    `threshold` (relative) for `window_s` seconds; `reset()` after a re-plan."""
+
+    threshold: float
+    window_s: float
+    samples: deque = field(default_factory=deque)  # (t, updates_total)
+    below_since: float | None = None
+
+    def reset(self) -> None:
+        self.samples.clear()
+        self.below_since = None
+
+    def observe(self, now_s: float, updates_total: int, predicted_updates_per_s: float) -> float | None:
+        """Record one poll; returns the observed/predicted speed ratio once drift has lasted the
+        whole window (else None)."""
+        self.samples.append((now_s, updates_total))
+        while len(self.samples) > 2 and now_s - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        t0, u0 = self.samples[0]
+        if now_s - t0 < self.window_s / 2 or predicted_updates_per_s <= 0:
+            return None
+        ratio = (updates_total - u0) / (now_s - t0) / predicted_updates_per_s
+        if ratio >= 1.0 - self.threshold:
+            self.below_since = None
+            return None
+        self.below_since = self.below_since if self.below_since is not None else now_s
+        return ratio if now_s - self.below_since >= self.window_s else None

@@ -1,0 +1,106 @@
+"""Deployments served against a real `prefect server` that this test starts: one triggered through
+the API, and the drift automation running the re-plan deployment when an event arrives."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+        "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(REPO)}
+    log = open(home / "server.log", "wb")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy():
+        try:
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, 240, "the Prefect server")
+        yield env
+    finally:
+        stop(server)
+        log.close()
+
+
+def test_served_deployments_run_through_the_api_and_the_drift_automation(server_env, tmp_path):
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def names():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            return {d["name"] for d in r.json()} if r.status_code == 200 else set()
+
+        wait_until(lambda: {"train-with-slo", "catalog-refresh", "profile-workload", "replan-on-drift"} <= names(),
+                   240, "the served deployments")
+
+        # A deployment run triggered through the API and watched to completion.
+        out = tmp_path / "catalog.json"
+        r = subprocess.run([PREFECT, "deployment", "run", "catalog-refresh/catalog-refresh", "--param",
+                            f"out={json.dumps(str(out))}", "--watch", "--watch-timeout", "240"],
+                           cwd=REPO, env=server_env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(json.loads(out.read_text())["types"]) == 84
+
+        # A drift event: the automation runs replan-on-drift, which asks the run to re-plan.
+        run_dir = tmp_path / "run-served"
+        run_dir.mkdir()
+        r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", "spotfill.run.run-served",
+                            "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6})],
+                           cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        request = wait_until(lambda: (run_dir / "replan-request.json").exists() and
+                             json.loads((run_dir / "replan-request.json").read_text()), 240, "the re-plan request")
+        assert request == {"reason": "drift", "speed_ratio": 0.6}
+    finally:
+        stop(served)
+        serve_log.close()

@@ -1,0 +1,70 @@
+"""The pipeline's plain logic, without Prefect."""
+import pytest
+from pydantic import ValidationError
+
+from tasks.pipeline.alternatives import plan_alternatives
+from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.session import capped_quotas
+from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.planner import PlanRequest
+from tasks.profile import load_profile
+from tests.conftest import SHIPPED_PROFILE
+
+GOOD = {"slo": {"target_loss": 1.2, "deadline_s": 60}, "candidates": {"types": ["p3.2xlarge"]}}
+
+
+def test_request_defaults_and_validation():
+    r = TrainRequest.model_validate(GOOD)
+    assert r.provider.name == "local" and r.filling.enabled and r.candidates.quota("p3.2xlarge") == 4
+    bad = [
+        ({"slo": {"target_loss": 1.2, "deadline_s": 0}}, "deadline_s"),
+        ({"slo": {"target_loss": -1, "deadline_s": 10}}, "target_loss"),
+        ({"candidates": {"types": []}}, "types"),
+        ({"candidates": {"types": ["a", "a"]}}, "candidate types repeat"),
+        ({"candidates": {"types": ["a"], "quotas": {"b": 1}}}, "not a candidate"),
+        ({"provider": {"name": "gcp"}}, "provider.name"),
+        ({"profile": "/no/such/profile.json"}, "profile not found"),
+        ({"surprise": 1}, "surprise"),
+    ]
+    for patch, needle in bad:
+        with pytest.raises(ValidationError) as err:
+            TrainRequest.model_validate(GOOD | patch)
+        assert needle in str(err.value)
+
+
+def test_capped_quotas_fit_the_instance_cap():
+    assert capped_quotas({"a": 4, "b": 4, "c": 1}, 12) == {"a": 4, "b": 4, "c": 1}
+    capped = capped_quotas({"a": 8, "b": 4, "c": 1}, 6)
+    assert sum(capped.values()) == 6 and capped["c"] == 1
+
+
+def test_loss_progress_and_cost_meter():
+    assert loss_progress(None, 2.0, 1.0) == 0.0
+    assert loss_progress(2.0, 1.5, 1.0) == pytest.approx(0.5)
+    assert loss_progress(2.0, 0.5, 1.0) == 1.0
+    meter = CostMeter()
+    meter.advance(100.0, 3.6)
+    assert meter.advance(110.0, 3.6) == pytest.approx(0.01)
+
+
+def test_drift_needs_a_sustained_shortfall():
+    d = DriftDetector(threshold=0.25, window_s=10)
+    # On prediction (10 updates/s): never drift.
+    assert all(d.observe(t, 10 * t, 10.0) is None for t in range(0, 30))
+    d.reset()
+    # At half speed: flagged once the shortfall has lasted the window, with the ratio.
+    flags = [d.observe(t, 5 * t, 10.0) for t in range(0, 40)]
+    first = next(i for i, f in enumerate(flags) if f is not None)
+    assert 10 <= first <= 20 and flags[first] == pytest.approx(0.5)
+
+
+def test_alternatives_include_the_baselines():
+    profile = load_profile(SHIPPED_PROFILE)
+    rows = plan_alternatives(PlanRequest(profile, 0.8, 2500))
+    names = [r["name"] for r in rows]
+    assert names[0] == "chosen (exact)" and "paper heuristic" in names and "all on-demand" in names
+    assert any(n.startswith("homogeneous fast") for n in names) and any(n.startswith("homogeneous slow") for n in names)
+    chosen = rows[0]["predicted_cost_usd"]
+    assert all(r["predicted_cost_usd"] is None or r["predicted_cost_usd"] >= chosen * (1 - 1e-9) for r in rows)
+    on_demand = next(r for r in rows if r["name"] == "all on-demand")
+    assert on_demand["predicted_cost_usd"] > chosen
