@@ -9,6 +9,7 @@ import argparse
 import importlib
 
 BENCHES = {
+    "aws": "tasks.providers.aws_bench",
     "planner": "tasks.planner.bench",
 }
 

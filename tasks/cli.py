@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "tasks.catalog",
     "tasks.bench",
     "tasks.pipeline.commands",
+    "tasks.cleanup",
 ]
 
 

@@ -28,3 +28,23 @@ def prefect_harness():
 @pytest.fixture()
 def shipped_profile_path() -> Path:
     return SHIPPED_PROFILE
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto's EC2 over real HTTP on 127.0.0.1 (strict AMI and type validation), for the whole
+    session; boto3 finds moto's fake keys through its default chain (the environment). Tests
+    keep apart by run id rather than by resetting moto (a reset reloads its AMI catalog)."""
+    from tasks.providers.aws_sandbox import fake_credentials, moto_server
+
+    with fake_credentials(), moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def moto_amis(moto_endpoint) -> dict[str, str]:
+    import boto3
+
+    from tasks.providers.aws_sandbox import stock_amis
+
+    return stock_amis(boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1"))

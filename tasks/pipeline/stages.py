@@ -46,9 +46,13 @@ def make_provider(request: TrainRequest) -> Provider:
 
         provider = LocalProvider(artifacts_dir=Path(request.artifacts_dir))
     else:
-        from tasks.providers.aws import AwsProvider, AwsSettings
+        from tasks.providers.aws import AwsProvider, load_aws_config
 
-        provider = AwsProvider(AwsSettings(region=settings.region))
+        provider = AwsProvider(load_aws_config({
+            "region": settings.region,
+            "max_instances": request.budget.max_instances,
+            "max_usd_per_hour": request.budget.max_usd_per_h,
+        }))
     offered = {t.name for t in provider.list_types()}
     missing = [t for t in request.candidates.types if t not in offered]
     if missing:

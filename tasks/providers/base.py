@@ -114,6 +114,13 @@ class Provider(abc.ABC):
     def poll_events(self, run_id: str) -> list[ProviderEvent]:
         """Revocation notices, revocations and rebalance hints since the last poll."""
 
+    def check_step(
+        self, run_id: str, plan_id: str, counts: dict[str, int], *, role: Role = "worker", market: Market = "spot"
+    ) -> None:
+        """Raise QuotaError if starting counts[type] instances for this plan step would break a
+        quota or the run's guard, before any of it starts. Default: no up-front check (launch
+        still checks each type)."""
+
     def cleanup(self, run_id: str) -> int:
         """Terminate everything the run started; returns how many were still alive."""
         alive = [i.instance_id for i in self.describe(run_id) if i.state != "terminated"]

@@ -1,0 +1,61 @@
+"""`spotfill cleanup`: terminate everything a run started, by hand (runs also clean up after
+themselves, at the end, on failure and on cancellation).
+
+    spotfill cleanup --run-id ID [--provider aws|local] [--region R] [--config FILE]
+                     [--endpoint-url URL] [--artifacts DIR] [--wait] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cleanup", help="terminate every instance a run started")
+    p.add_argument("--run-id", required=True, help="the run whose instances to terminate")
+    p.add_argument("--provider", choices=["aws", "local"], default="aws")
+    p.add_argument("--region", default=None, help="AWS region (default: the config's, else us-east-1)")
+    p.add_argument("--config", type=Path, default=None, help="AWS provider config (JSON, fields of AwsConfig)")
+    p.add_argument("--endpoint-url", default=None, help="another EC2 endpoint (moto)")
+    p.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="the local provider's run folders")
+    p.add_argument("--wait", action="store_true", help="wait until terminated, then delete the run's security group")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=_run)
+
+
+def _aws_config(args: argparse.Namespace) -> dict:
+    from tasks.errors import UserInputError
+
+    data: dict = {}
+    if args.config is not None:
+        try:
+            data = json.loads(args.config.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UserInputError(f"cannot read AWS config {args.config}: {err}") from None
+    if args.region:
+        data["region"] = args.region
+    if args.endpoint_url:
+        data["endpoint_url"] = args.endpoint_url
+    return data
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tasks.cli import print_json
+    from tasks.providers.aws import check_id
+
+    run_id = check_id("run id", args.run_id)
+    if args.provider == "local":
+        from tasks.providers.local import LocalProvider
+
+        terminated, where = LocalProvider(artifacts_dir=args.artifacts).cleanup(run_id), str(args.artifacts)
+    else:
+        from tasks.providers.aws import AwsProvider, load_aws_config
+
+        provider = AwsProvider(load_aws_config(_aws_config(args)))
+        terminated, where = provider.cleanup(run_id, wait=args.wait), provider.config.region
+    if args.json:
+        print_json({"provider": args.provider, "run_id": run_id, "where": where, "terminated": terminated})
+    else:
+        print(f"terminated {terminated} instance(s) of run {run_id} ({args.provider}, {where})")
+    return 0
