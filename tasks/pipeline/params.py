@@ -3,7 +3,7 @@ types and the CLI gets the same checks."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,6 +54,7 @@ class ProviderSettings(BaseModel):
     model_config = _STRICT
     name: Literal["local", "aws"] = "local"
     region: str = "us-east-1"
+    aws: dict[str, Any] = Field(default_factory=dict, description="AwsConfig fields (AMIs, subnet, ...); docs/aws.md")
     revocations: Revocations = Field(default_factory=Revocations)
 
 

@@ -49,6 +49,7 @@ def make_provider(request: TrainRequest) -> Provider:
         from tasks.providers.aws import AwsProvider, load_aws_config
 
         provider = AwsProvider(load_aws_config({
+            **settings.aws,
             "region": settings.region,
             "max_instances": request.budget.max_instances,
             "max_usd_per_hour": request.budget.max_usd_per_h,

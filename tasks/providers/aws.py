@@ -121,12 +121,12 @@ def load_aws_config(data: dict[str, Any]) -> AwsConfig:
     """AwsConfig from a dict; a bad field is one UserInputError line naming it."""
     from pydantic import ValidationError
 
+    from tasks.profile import format_validation_error
+
     try:
         return AwsConfig.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise UserInputError(f"aws config: {where}: {first['msg']}") from None
+        raise UserInputError(format_validation_error(err, "aws config")) from None
 
 
 class ApiCallCounter:
