@@ -1,0 +1,122 @@
+"""The risk-aware planner (`solver="risk"`): the cheapest plan, by expected cost, that meets the
+deadline with at least the target probability under per-type revocation hazards.
+
+Candidates are the exact planner's optima at tighter internal deadlines (budget x 1.0, 0.9, ...
+0.5), each also with every type capped at SPREAD_CAP instances (spread across types, so that one
+type's revocations cost less). Each candidate's P(meet) and expected cost come from a fast
+vectorised Monte Carlo with a fixed seed (common random numbers for all candidates):
+- revocations of type m arrive as a Poisson process at n_m * h_m over the budget window (later
+  ones cannot make the deadline be missed);
+- a revocation while training runs removes one instance of its type for `recovery_s` (its
+  replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
+  where T is the model's predicted time; a revocation after completion does not count;
+- the replacement is paid from its launch, the cluster for the whole (delayed) run.
+This first-order model ignores overlapping outages and the re-planner's ability to add capacity;
+the replay (replay.py) measures what a plan really achieves.
+Candidates are visited cheapest first; the search stops once a candidate's predicted
+(revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
+expected cost found that meets the level.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from tasks.planner import exact
+from tasks.planner.problem import PlanResult, Problem, make_result
+
+DEADLINE_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+SPREAD_CAP = 2
+SAMPLES = 2000
+SEED = 20230601
+
+
+@dataclasses.dataclass(frozen=True)
+class Risk:
+    meet_probability: float
+    expected_cost_usd: float
+    predicted_cost_usd: float
+    predicted_time_s: float
+
+
+def assess(problem: Problem, counts: np.ndarray, samples: int = SAMPLES, seed: int = SEED) -> Risk:
+    """P(meet the budget) and expected cost of one plan under the request's hazards."""
+    req, model = problem.request, problem.model
+    counts = np.asarray(counts, dtype=np.int64)
+    m = len(counts)
+    hazard_per_s = np.array([req.hazards_per_h.get(n, 0.0) for n in model.types.names]) / 3600.0
+    # Row 0: the plan; row 1 + k: the plan less one instance of type k.
+    rows = np.repeat(counts[None, :], m + 1, axis=0)
+    rows[1:] -= np.eye(m, dtype=np.int64) * (counts > 0)
+    r = problem.evaluate(rows)
+    t_plan, usd_per_h = float(r["time_s"][0]), float(r["usd_per_h"][0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delay_s = req.recovery_s * (1.0 - t_plan / r["time_s"][1:])
+    delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
+    window_s = problem.budget_s
+    rng = np.random.default_rng(seed)
+    k = rng.poisson(counts * hazard_per_s * window_s, size=(samples, m))
+    width = max(1, int(k.max(initial=0)))
+    times, delays, prices = [], [], []
+    for j in range(m):
+        if counts[j] == 0:
+            continue
+        t = rng.uniform(0.0, window_s, size=(samples, width))
+        times.append(np.where(np.arange(width) < k[:, j:j + 1], t, np.inf))
+        delays.append(np.full((samples, width), delay_s[j]))
+        prices.append(np.full((samples, width), model.prices_usd_per_h[j]))
+    times_a, delays_a, prices_a = (np.concatenate(a, axis=1) for a in (times, delays, prices))
+    order = np.argsort(times_a, axis=1)
+    times_a, delays_a, prices_a = (np.take_along_axis(a, order, axis=1) for a in (times_a, delays_a, prices_a))
+    before = np.cumsum(delays_a, axis=1) - delays_a
+    counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
+    finish_s = t_plan + (delays_a * counted).sum(axis=1)
+    replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
+    cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+    meet = float(np.mean(finish_s <= window_s * (1 + 1e-9)))
+    return Risk(meet, float(cost.mean()), float(r["cost_usd"][0]), t_plan)
+
+
+def _candidates(problem: Problem):
+    """Exact optima at tighter internal deadlines, unconstrained then spread, cheapest first."""
+    spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
+    for fraction in DEADLINE_FRACTIONS:
+        for variant in (problem, spread):
+            best, stats = exact.search(variant, "cost", deadline_s=problem.budget_s * fraction)
+            yield variant is problem, best.counts, stats.evaluated
+
+
+def solve_risk(problem: Problem) -> PlanResult:
+    started = time.perf_counter()
+    level = problem.request.target_probability
+    seen: dict[tuple, Risk] = {}
+    evaluated = 0
+    for unconstrained, counts, n_eval in _candidates(problem):
+        evaluated += n_eval
+        if counts is None:
+            if unconstrained and not seen:  # no plan meets the deadline even without revocations
+                from tasks.planner import solve_problem
+
+                plain = dataclasses.replace(problem.request, solver="exact")
+                result = solve_problem(dataclasses.replace(problem, request=plain))
+                return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
+            continue
+        key = tuple(int(c) for c in counts)
+        if key not in seen:
+            seen[key] = assess(problem, counts)
+        meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
+        if unconstrained and meeting and seen[key].predicted_cost_usd >= min(meeting):
+            break
+    meeting_keys = [k for k, r in seen.items() if r.meet_probability >= level]
+    if meeting_keys:
+        key = min(meeting_keys, key=lambda k: (seen[k].expected_cost_usd, seen[k].predicted_time_s))
+        message = ""
+    else:  # best effort: the most likely plan
+        key = max(seen, key=lambda k: (seen[k].meet_probability, -seen[k].expected_cost_usd))
+        message = (f"no candidate meets the deadline with probability {level:g}; "
+                   f"the best reaches {seen[key].meet_probability:.3f}")
+    result = make_result(problem, np.array(key), "risk", "feasible", time.perf_counter() - started, evaluated,
+                         message=message)
+    return dataclasses.replace(result, meet_probability=seen[key].meet_probability)
