@@ -74,7 +74,8 @@ def stress_factor(traces_by_type: dict[str, list[Trace]], bands: dict[str, int])
 def type_hazards(profile: Profile, traces: list[Trace], bands: dict[str, int],
                  stress: float | None = None) -> tuple[dict[str, TypeHazard], float]:
     """Map every profile type to its traces (same family, e.g. a p3 trace for p3.2xlarge) or to
-    its band; returns the table and the stress factor used. A type with neither is an error."""
+    its band; returns the table and the stress factor used. A type that may be used (quota > 0)
+    with neither is an error; a type with quota 0 is never launched and gets no hazard."""
     traces_by_type = {i.type: [t for t in traces if t.family == family_of(i.type)] for i in profile.instances}
     traces_by_type = {k: v for k, v in traces_by_type.items() if v}
     if stress is None:
@@ -84,7 +85,9 @@ def type_hazards(profile: Profile, traces: list[Trace], bands: dict[str, int],
     table = {}
     for inst in profile.instances:
         name = inst.type
-        if name in traces_by_type:
+        if inst.quota == 0:
+            table[name] = TypeHazard(name, 0.0)
+        elif name in traces_by_type:
             mapped = traces_by_type[name]
             rate = sum(t.revocations for t in mapped) / sum(t.instance_hours for t in mapped)
             table[name] = TypeHazard(name, rate, tuple(mapped), bands.get(name))

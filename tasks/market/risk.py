@@ -10,9 +10,14 @@ vectorised Monte Carlo with a fixed seed (common random numbers for all candidat
 - a revocation while training runs removes one instance of its type for `recovery_s` (its
   replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
   where T is the model's predicted time; a revocation after completion does not count;
-- the replacement is paid from its launch, the cluster for the whole (delayed) run.
-This first-order model ignores overlapping outages and the re-planner's ability to add capacity;
-the replay (replay.py) measures what a plan really achieves.
+- the replacement is paid from its launch, the cluster for the whole (delayed) run;
+- re-planning: when a revocation first pushes the projected finish past the deadline, the
+  re-planner may switch to the fastest plan the quotas allow once the overhead has passed, which
+  runs the rest (F - tau - recovery) faster by kappa = T_fastest / T_plan; the run meets the
+  deadline if tau + recovery + (F - tau - recovery) * kappa <= budget, and pays the fastest
+  plan's rate from then on.
+This first-order model ignores overlapping outages and re-plans that are cheaper than the fastest
+plan; the replay (replay.py) measures what a plan really achieves.
 Candidates are visited cheapest first; the search stops once a candidate's predicted
 (revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
 expected cost found that meets the level.
@@ -41,7 +46,22 @@ class Risk:
     predicted_time_s: float
 
 
-def assess(problem: Problem, counts: np.ndarray, samples: int = SAMPLES, seed: int = SEED) -> Risk:
+@dataclasses.dataclass(frozen=True)
+class Fastest:
+    """The fastest plan the quotas allow: how much a re-plan can speed the rest of a run up."""
+
+    time_s: float
+    usd_per_h: float
+
+
+def fastest(problem: Problem) -> Fastest:
+    best, _ = exact.search(problem, "time", deadline_s=np.inf)
+    if best.counts is None:
+        return Fastest(np.inf, 0.0)
+    return Fastest(best.time_s, float(problem.evaluate(best.counts)["usd_per_h"][0]))
+
+
+def assess(problem: Problem, counts: np.ndarray, fast: Fastest, samples: int = SAMPLES, seed: int = SEED) -> Risk:
     """P(meet the budget) and expected cost of one plan under the request's hazards."""
     req, model = problem.request, problem.model
     counts = np.asarray(counts, dtype=np.int64)
@@ -75,6 +95,16 @@ def assess(problem: Problem, counts: np.ndarray, samples: int = SAMPLES, seed: i
     finish_s = t_plan + (delays_a * counted).sum(axis=1)
     replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
     cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+    # Re-planning from the first revocation that makes the run late.
+    late = counted & (t_plan + before + delays_a > window_s)
+    has_late = late.any(axis=1)
+    tau = np.where(has_late, times_a[np.arange(samples), late.argmax(axis=1)], 0.0)
+    kappa = min(1.0, fast.time_s / t_plan)
+    switch_s = tau + req.recovery_s
+    rest_s = finish_s - switch_s
+    sped = has_late & (rest_s > 0)
+    finish_s = np.where(sped, switch_s + rest_s * kappa, finish_s)
+    cost = np.where(sped, (switch_s * usd_per_h + rest_s * kappa * fast.usd_per_h) / 3600.0 + replacement_usd, cost)
     meet = float(np.mean(finish_s <= window_s * (1 + 1e-9)))
     return Risk(meet, float(cost.mean()), float(r["cost_usd"][0]), t_plan)
 
@@ -93,6 +123,7 @@ def solve_risk(problem: Problem) -> PlanResult:
     level = problem.request.target_probability
     seen: dict[tuple, Risk] = {}
     evaluated = 0
+    fast = fastest(problem)
     for unconstrained, counts, n_eval in _candidates(problem):
         evaluated += n_eval
         if counts is None:
@@ -105,7 +136,7 @@ def solve_risk(problem: Problem) -> PlanResult:
             continue
         key = tuple(int(c) for c in counts)
         if key not in seen:
-            seen[key] = assess(problem, counts)
+            seen[key] = assess(problem, counts, fast)
         meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
         if unconstrained and meeting and seen[key].predicted_cost_usd >= min(meeting):
             break
