@@ -45,22 +45,33 @@ class Outcome:
 
 
 class Market:
-    """One replay's draw of the market: a trace window per trace-mapped type (random trace and
-    start offset; the trace wraps around), a zone price per type, and the thinning randomness."""
+    """One replay's market: per type, the revocation events it sees (replay times and revoked
+    fractions; None: a Poisson process at its hazard) and the price it pays; plus the thinning
+    randomness. `draw` makes a random one from the traces."""
 
-    def __init__(self, names: tuple[str, ...], hazards: dict[str, TypeHazard], prices_usd_per_h: np.ndarray,
-                 zone_prices: dict[str, np.ndarray], horizon_s: float, seed: int):
-        rng = np.random.default_rng(seed)
+    def __init__(self, prices_usd_per_h: np.ndarray, hazard_per_s: np.ndarray,
+                 events: list[tuple[np.ndarray, np.ndarray] | None], seed: int):
+        self.prices_usd_per_h = np.asarray(prices_usd_per_h, dtype=float)
+        self.hazard_per_s = np.asarray(hazard_per_s, dtype=float)
+        self.events = events
         self.seed = seed
-        self.prices_usd_per_h = prices_usd_per_h.copy()
-        self.hazard_per_s = np.array([hazards[n].hazard_per_h / 3600.0 for n in names])
-        self.events: list[tuple[np.ndarray, np.ndarray] | None] = []
+        self.rng = np.random.default_rng([seed, 1])
+
+    @classmethod
+    def draw(cls, names: tuple[str, ...], hazards: dict[str, TypeHazard], prices_usd_per_h: np.ndarray,
+             zone_prices: dict[str, np.ndarray], horizon_s: float, seed: int) -> "Market":
+        """A random trace window per trace-mapped type (random trace and start offset; the trace
+        wraps around) and a random zone's price per type with price history."""
+        rng = np.random.default_rng(seed)
+        prices = np.array(prices_usd_per_h, dtype=float)
+        events = []
         for m, name in enumerate(names):
             if name in zone_prices:
-                self.prices_usd_per_h[m] = rng.choice(zone_prices[name])
+                prices[m] = rng.choice(zone_prices[name])
             traces = hazards[name].traces
-            self.events.append(None if not traces else self._unroll(traces[rng.integers(len(traces))], horizon_s, rng))
-        self.rng = rng
+            events.append(None if not traces else cls._unroll(traces[rng.integers(len(traces))], horizon_s, rng))
+        hazard_per_s = np.array([hazards[n].hazard_per_h / 3600.0 for n in names])
+        return cls(prices, hazard_per_s, events, seed)
 
     @staticmethod
     def _unroll(trace, horizon_s: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -76,11 +87,8 @@ class Market:
         return times[keep][order], fracs[keep][order]
 
     def fork(self) -> "Market":
-        """The same market draw with fresh thinning randomness (identical for every policy)."""
-        twin = object.__new__(Market)
-        twin.__dict__.update(self.__dict__)
-        twin.rng = np.random.default_rng([self.seed, 1])
-        return twin
+        """The same market with its thinning randomness restarted (identical for every policy)."""
+        return Market(self.prices_usd_per_h, self.hazard_per_s, self.events, self.seed)
 
     def revocation_times_s(self, m: int, n: int, launch_s: float) -> np.ndarray:
         """When each of n instances of type m launched at launch_s will be revoked (inf: never)."""

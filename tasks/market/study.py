@@ -83,7 +83,7 @@ def run_study(study: Study) -> dict:
     started = time.perf_counter()
     with ProgressBar(study.replays * len(policies), "simulate") as bar:
         for i in range(study.replays):
-            market = Market(model.types.names, hazards, model.types.spot_usd_per_h, zone_prices,
+            market = Market.draw(model.types.names, hazards, model.types.spot_usd_per_h, zone_prices,
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
                 outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork()))
