@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tasks.errors import InfeasibleError, UserInputError
-from tasks.market.risk import assess, fastest
+from tasks.market.risk import Frontier, assess
 from tasks.planner import PlanRequest, build_problem, solve
 from tasks.profile import load_profile
 from tests.conftest import SHIPPED_PROFILE
@@ -42,16 +42,16 @@ def test_stormier_markets_buy_more_slack():
 def test_assess_is_exact_without_hazards_and_lower_with_them():
     counts = np.array([2, 0, 5, 4, 0])  # the exact optimum at 2000 s: 1980 s, near the fastest 1921 s
     problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk"))
-    quiet = assess(problem, counts, fastest(problem))
+    quiet = assess(problem, counts, Frontier.of(problem, []))
     assert quiet.meet_probability == 1.0
     assert quiet.expected_cost_usd == pytest.approx(quiet.predicted_cost_usd)
     stormy_problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk", hazards_per_h=STORMY))
-    stormy = assess(stormy_problem, counts, fastest(stormy_problem))
+    stormy = assess(stormy_problem, counts, Frontier.of(stormy_problem, []))
     # 11 instances at two revocations an hour each, 20 s of slack, and re-planning can hardly
     # speed up a plan that is already nearly the fastest.
     assert stormy.meet_probability < 0.8
     assert stormy.expected_cost_usd > quiet.expected_cost_usd
-    again = assess(stormy_problem, counts, fastest(stormy_problem))
+    again = assess(stormy_problem, counts, Frontier.of(stormy_problem, []))
     assert again == stormy  # fixed seed: the same answer every time
 
 

@@ -106,8 +106,15 @@ class Market:
         return np.where(hit.any(axis=1), times[first], np.inf)
 
 
-def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, market: Market | None) -> Outcome:
-    """One run of `policy` to the loss target; market None (or an on-demand policy): no revocations."""
+def initial_situation(cfg: ReplayConfig) -> Situation:
+    """Before training: nothing runs, the whole deadline is left."""
+    return Situation({}, cfg.deadline_s, None, cfg.overhead_s)
+
+
+def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, market: Market | None,
+           first_plan: dict[str, int] | None = None) -> Outcome:
+    """One run of `policy` to the loss target; market None (or an on-demand policy): no revocations.
+    `first_plan`: the policy's initial plan when already known (it is the same in every replay)."""
     names = model.types.names
     g5 = profile.loss.gamma5
     u_target = 1.0 / (cfg.loss_target - g5)
@@ -136,7 +143,8 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
                 c[k] += 1
         return c
 
-    first_plan = policy.plan(profile, cfg.loss_target, Situation({}, cfg.deadline_s, None, cfg.overhead_s))
+    if first_plan is None:
+        first_plan = policy.plan(profile, cfg.loss_target, initial_situation(cfg))
     launch(first_plan, np.zeros(len(names), dtype=np.int64), 0.0, 0.0)
     t, loss, saved_loss = 0.0, None, None
     revocations = replans = 0

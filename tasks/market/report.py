@@ -23,7 +23,8 @@ def format_table(result: dict) -> str:
                  else f"interruption band x stress {result['band_stress_factor']:.0f}")
         rows.append(f"  {name:<16}{h['rate']:>8.4f}  {where}")
     rows += ["", f"replay speed     {result['simulated_hours_per_wall_s']:.1f} simulated hours per wall second "
-                 f"({result['simulated_hours']:.1f} h in {result['wall_s']:.1f} s)"]
+                 f"({result['simulated_hours']:.1f} h in {result['wall_s']:.1f} s; "
+                 f"{result['simulated_hours_per_cpu_s']:.1f} per CPU second)"]
     if "plot" in result:
         rows.append(f"plot             {result['plot']}")
     return "\n".join(rows)

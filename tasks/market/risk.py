@@ -11,13 +11,14 @@ vectorised Monte Carlo with a fixed seed (common random numbers for all candidat
   replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
   where T is the model's predicted time; a revocation after completion does not count;
 - the replacement is paid from its launch, the cluster for the whole (delayed) run;
-- re-planning: when a revocation first pushes the projected finish past the deadline, the
-  re-planner may switch to the fastest plan the quotas allow once the overhead has passed, which
-  runs the rest (F - tau - recovery) faster by kappa = T_fastest / T_plan; the run meets the
-  deadline if tau + recovery + (F - tau - recovery) * kappa <= budget, and pays the fastest
-  plan's rate from then on.
-This first-order model ignores overlapping outages and re-plans that are cheaper than the fastest
-plan; the replay (replay.py) measures what a plan really achieves.
+- re-planning: when a revocation first pushes the projected finish F past the deadline, the
+  re-planner switches, once the overhead has passed, to the cheapest plan that does the rest of
+  the work in the time left. The rest is the share phi = (F - switch) / T_plan of a whole run;
+  a plan whose whole run takes T does it in phi * T at phi times its whole-run cost. The plans
+  on offer are the frontier of unconstrained optima at the internal deadlines plus the fastest
+  plan; if even the fastest is too slow the run is late.
+This first-order model ignores overlapping outages; the replay (replay.py) measures what a plan
+really achieves.
 Candidates are visited cheapest first; the search stops once a candidate's predicted
 (revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
 expected cost found that meets the level.
@@ -47,21 +48,31 @@ class Risk:
 
 
 @dataclasses.dataclass(frozen=True)
-class Fastest:
-    """The fastest plan the quotas allow: how much a re-plan can speed the rest of a run up."""
+class Frontier:
+    """Whole-run time and cost of the cheapest plan for a few deadlines, fastest first: what a
+    re-plan can buy when a run must speed up."""
 
-    time_s: float
-    usd_per_h: float
+    time_s: np.ndarray
+    cost_usd: np.ndarray
+
+    @classmethod
+    def of(cls, problem: Problem, plans: list[np.ndarray]) -> "Frontier":
+        best, _ = exact.search(problem, "time", deadline_s=np.inf)
+        r = problem.evaluate(np.array([best.counts, *plans]))
+        order = np.argsort(r["time_s"], kind="stable")
+        t, c = r["time_s"][order], r["cost_usd"][order]
+        keep = c <= np.minimum.accumulate(c)  # a slower plan is only worth it if it is cheaper
+        return cls(t[keep], c[keep])
+
+    def cheapest_within(self, allowed_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time, cost) of the cheapest frontier plan taking at most allowed_s; the fastest
+        plan where none does."""
+        i = np.clip(np.searchsorted(self.time_s, allowed_s, side="right") - 1, 0, None)
+        return self.time_s[i], self.cost_usd[i]
 
 
-def fastest(problem: Problem) -> Fastest:
-    best, _ = exact.search(problem, "time", deadline_s=np.inf)
-    if best.counts is None:
-        return Fastest(np.inf, 0.0)
-    return Fastest(best.time_s, float(problem.evaluate(best.counts)["usd_per_h"][0]))
-
-
-def assess(problem: Problem, counts: np.ndarray, fast: Fastest, samples: int = SAMPLES, seed: int = SEED) -> Risk:
+def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
+           seed: int = SEED) -> Risk:
     """P(meet the budget) and expected cost of one plan under the request's hazards."""
     req, model = problem.request, problem.model
     counts = np.asarray(counts, dtype=np.int64)
@@ -80,9 +91,7 @@ def assess(problem: Problem, counts: np.ndarray, fast: Fastest, samples: int = S
     k = rng.poisson(counts * hazard_per_s * window_s, size=(samples, m))
     width = max(1, int(k.max(initial=0)))
     times, delays, prices = [], [], []
-    for j in range(m):
-        if counts[j] == 0:
-            continue
+    for j in np.flatnonzero(counts):
         t = rng.uniform(0.0, window_s, size=(samples, width))
         times.append(np.where(np.arange(width) < k[:, j:j + 1], t, np.inf))
         delays.append(np.full((samples, width), delay_s[j]))
@@ -97,48 +106,46 @@ def assess(problem: Problem, counts: np.ndarray, fast: Fastest, samples: int = S
     cost = finish_s * usd_per_h / 3600.0 + replacement_usd
     # Re-planning from the first revocation that makes the run late.
     late = counted & (t_plan + before + delays_a > window_s)
-    has_late = late.any(axis=1)
-    tau = np.where(has_late, times_a[np.arange(samples), late.argmax(axis=1)], 0.0)
-    kappa = min(1.0, fast.time_s / t_plan)
-    switch_s = tau + req.recovery_s
-    rest_s = finish_s - switch_s
-    sped = has_late & (rest_s > 0)
-    finish_s = np.where(sped, switch_s + rest_s * kappa, finish_s)
-    cost = np.where(sped, (switch_s * usd_per_h + rest_s * kappa * fast.usd_per_h) / 3600.0 + replacement_usd, cost)
+    any_late = late.any(axis=1)
+    switch_s = np.where(any_late, times_a[np.arange(samples), late.argmax(axis=1)] + req.recovery_s, 0.0)
+    share = (finish_s - switch_s) / t_plan
+    replan = any_late & (share > 0)
+    allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
+    run_s, run_usd = frontier.cheapest_within(allowed_s)
+    finish_s = np.where(replan, switch_s + share * run_s, finish_s)
+    cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
     meet = float(np.mean(finish_s <= window_s * (1 + 1e-9)))
     return Risk(meet, float(cost.mean()), float(r["cost_usd"][0]), t_plan)
-
-
-def _candidates(problem: Problem):
-    """Exact optima at tighter internal deadlines, unconstrained then spread, cheapest first."""
-    spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
-    for fraction in DEADLINE_FRACTIONS:
-        for variant in (problem, spread):
-            best, stats = exact.search(variant, "cost", deadline_s=problem.budget_s * fraction)
-            yield variant is problem, best.counts, stats.evaluated
 
 
 def solve_risk(problem: Problem) -> PlanResult:
     started = time.perf_counter()
     level = problem.request.target_probability
-    seen: dict[tuple, Risk] = {}
+    optima = []
     evaluated = 0
-    fast = fastest(problem)
-    for unconstrained, counts, n_eval in _candidates(problem):
-        evaluated += n_eval
-        if counts is None:
-            if unconstrained and not seen:  # no plan meets the deadline even without revocations
-                from tasks.planner import solve_problem
+    for fraction in DEADLINE_FRACTIONS:
+        best, stats = exact.search(problem, "cost", deadline_s=problem.budget_s * fraction)
+        evaluated += stats.evaluated
+        if best.counts is None:
+            break
+        optima.append(best.counts)
+    if not optima:  # no plan meets the deadline even without revocations
+        from tasks.planner import solve_problem
 
-                plain = dataclasses.replace(problem.request, solver="exact")
-                result = solve_problem(dataclasses.replace(problem, request=plain))
-                return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
-            continue
-        key = tuple(int(c) for c in counts)
-        if key not in seen:
-            seen[key] = assess(problem, counts, fast)
+        plain = dataclasses.replace(problem.request, solver="exact")
+        result = solve_problem(dataclasses.replace(problem, request=plain))
+        return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
+    frontier = Frontier.of(problem, optima)
+    spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
+    seen: dict[tuple, Risk] = {}
+    for fraction, optimum in zip(DEADLINE_FRACTIONS, optima):
+        capped, stats = exact.search(spread, "cost", deadline_s=problem.budget_s * fraction)
+        evaluated += stats.evaluated
+        for counts in (optimum, capped.counts):
+            if counts is not None and tuple(counts) not in seen:
+                seen[tuple(counts)] = assess(problem, counts, frontier)
         meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
-        if unconstrained and meeting and seen[key].predicted_cost_usd >= min(meeting):
+        if meeting and seen[tuple(optimum)].predicted_cost_usd >= min(meeting):
             break
     meeting_keys = [k for k, r in seen.items() if r.meet_probability >= level]
     if meeting_keys:

@@ -12,9 +12,9 @@ import numpy as np
 
 from tasks.errors import UserInputError
 from tasks.market.hazards import catalog_bands, type_hazards
-from tasks.market.policies import Situation, standard_policies
+from tasks.market.policies import standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
-from tasks.market.replay import Market, Outcome, ReplayConfig, replay
+from tasks.market.replay import Market, Outcome, ReplayConfig, initial_situation, replay
 from tasks.market.traces import Trace
 from tasks.model import Model
 from tasks.planner import PlanRequest, build_problem
@@ -79,18 +79,18 @@ def run_study(study: Study) -> dict:
                                  {n: h.hazard_per_h for n, h in hazards.items() if h.hazard_per_h > 0})
     cfg = ReplayConfig(study.loss_target, study.deadline_s, study.overhead_s)
     zone_prices = zone_prices_usd_per_h(study.region)
+    first_plans = {p.name: p.plan(profile, study.loss_target, initial_situation(cfg)) for p in policies}
     outcomes: dict[str, list[Outcome]] = {p.name: [] for p in policies}
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     with ProgressBar(study.replays * len(policies), "simulate") as bar:
         for i in range(study.replays):
             market = Market.draw(model.types.names, hazards, model.types.spot_usd_per_h, zone_prices,
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
-                outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork()))
+                outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name]))
                 bar.advance(note=policy.name)
-    wall_s = time.perf_counter() - started
+    wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
     simulated_h = sum(o.time_s for runs in outcomes.values() for o in runs) / 3600.0
-    start = Situation({}, study.deadline_s, None, study.overhead_s)
     on_demand = float(np.mean([o.cost_usd for o in outcomes["on-demand"]]))
     return {
         "workload": profile.workload,
@@ -100,12 +100,14 @@ def run_study(study: Study) -> dict:
         "replays": study.replays,
         "overhead_s": study.overhead_s,
         "policies": {name: summarise(runs, on_demand) for name, runs in outcomes.items()},
-        "initial_plans": {p.name: p.plan(profile, study.loss_target, start) for p in policies},
+        "initial_plans": first_plans,
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}
                           for n, h in hazards.items()},
         "band_stress_factor": stress,
         "simulated_hours": simulated_h,
         "wall_s": wall_s,
         "simulated_hours_per_wall_s": simulated_h / wall_s,
+        "cpu_s": cpu_s,
+        "simulated_hours_per_cpu_s": simulated_h / cpu_s,
     }
 
