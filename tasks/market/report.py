@@ -17,6 +17,10 @@ def format_table(result: dict) -> str:
         rows.append(f"{name:<18}{p['slo_attainment']:>8.3f}{p['mean_cost_usd']:>9.3f}{p['p95_cost_usd']:>9.3f}"
                     f"{p['mean_time_s']:>9.0f}{p['p95_time_s']:>9.0f}{p['mean_revocations']:>8.2f}"
                     f"{p['mean_replans']:>9.2f}{p.get('savings_vs_on_demand_pct', 0.0):>11.1f}%")
+    est = result.get("risk_estimate")
+    if est:
+        rows += ["", f"risk-aware plan  {est['plan']}: estimated P(meet) {est['meet_probability']:.3f}"
+                     + (f" ({est['message']})" if est["message"] else "")]
     rows += ["", "revocation hazards (per instance-hour):"]
     for name, h in result["hazards_per_h"].items():
         where = (f"{len(h['traces'])} real trace(s) of its family" if h["traces"]

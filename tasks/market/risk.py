@@ -1,8 +1,9 @@
 """The risk-aware planner (`solver="risk"`): the cheapest plan, by expected cost, that meets the
 deadline with at least the target probability under per-type revocation hazards.
 
-Candidates are the exact planner's optima at tighter internal deadlines (budget x 1.0, 0.9, ...
-0.5), each also with every type capped at SPREAD_CAP instances (spread across types, so that one
+Candidates are the exact planner's optima at tighter internal deadlines, spaced evenly from the
+budget down to the fastest plan's time (so the last is the fastest plan, the most slack to be
+had), each also with every type capped at SPREAD_CAP instances (spread across types, so that one
 type's revocations cost less). Each candidate's P(meet) and expected cost come from a fast
 vectorised Monte Carlo with a fixed seed (common random numbers for all candidates):
 - revocations of type m arrive as a Poisson process at n_m * h_m over the budget window (later
@@ -33,7 +34,7 @@ import numpy as np
 from tasks.planner import exact
 from tasks.planner.problem import PlanResult, Problem, make_result
 
-DEADLINE_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+SLACK_STEPS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)  # internal deadline: fastest + step * (budget - fastest)
 SPREAD_CAP = 2
 SAMPLES = 2000
 SEED = 20230601
@@ -57,8 +58,8 @@ class Frontier:
 
     @classmethod
     def of(cls, problem: Problem, plans: list[np.ndarray]) -> "Frontier":
-        best, _ = exact.search(problem, "time", deadline_s=np.inf)
-        r = problem.evaluate(np.array([best.counts, *plans]))
+        """From some plans (at least one)."""
+        r = problem.evaluate(np.array(plans))
         order = np.argsort(r["time_s"], kind="stable")
         t, c = r["time_s"][order], r["cost_usd"][order]
         keep = c <= np.minimum.accumulate(c)  # a slower plan is only worth it if it is cheaper
@@ -121,25 +122,25 @@ def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: in
 def solve_risk(problem: Problem) -> PlanResult:
     started = time.perf_counter()
     level = problem.request.target_probability
-    optima = []
-    evaluated = 0
-    for fraction in DEADLINE_FRACTIONS:
-        best, stats = exact.search(problem, "cost", deadline_s=problem.budget_s * fraction)
-        evaluated += stats.evaluated
-        if best.counts is None:
-            break
-        optima.append(best.counts)
-    if not optima:  # no plan meets the deadline even without revocations
+    fastest, stats = exact.search(problem, "time", deadline_s=np.inf)
+    evaluated = stats.evaluated
+    if fastest.time_s > problem.budget_s * (1 + 1e-9):  # no plan meets the deadline even without revocations
         from tasks.planner import solve_problem
 
         plain = dataclasses.replace(problem.request, solver="exact")
         result = solve_problem(dataclasses.replace(problem, request=plain))
         return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
+    deadlines_s = [fastest.time_s + step * (problem.budget_s - fastest.time_s) for step in SLACK_STEPS]
+    optima = []
+    for deadline_s in deadlines_s:
+        best, stats = exact.search(problem, "cost", deadline_s=deadline_s * (1 + 1e-9))
+        evaluated += stats.evaluated
+        optima.append(best.counts if best.counts is not None else fastest.counts)
     frontier = Frontier.of(problem, optima)
     spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
     seen: dict[tuple, Risk] = {}
-    for fraction, optimum in zip(DEADLINE_FRACTIONS, optima):
-        capped, stats = exact.search(spread, "cost", deadline_s=problem.budget_s * fraction)
+    for deadline_s, optimum in zip(deadlines_s, optima):
+        capped, stats = exact.search(spread, "cost", deadline_s=deadline_s * (1 + 1e-9))
         evaluated += stats.evaluated
         for counts in (optimum, capped.counts):
             if counts is not None and tuple(counts) not in seen:

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import UserInputError
+from tasks.errors import InfeasibleError, UserInputError
 from tasks.market.hazards import catalog_bands, type_hazards
-from tasks.market.policies import standard_policies
+from tasks.market.policies import Policy, standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
 from tasks.market.replay import Market, Outcome, ReplayConfig, initial_situation, replay
 from tasks.market.traces import Trace
 from tasks.model import Model
-from tasks.planner import PlanRequest, build_problem
+from tasks.planner import PlanRequest, build_problem, solve
 from tasks.profile import Profile
 from tasks.progress import ProgressBar
 
@@ -63,6 +63,16 @@ def summarise(outcomes: list[Outcome], on_demand_cost_usd: float | None) -> dict
     return out
 
 
+def risk_estimate(profile: Profile, study: Study, policy: Policy, cfg: ReplayConfig) -> dict | None:
+    """What the risk-aware planner expects of its initial plan (None when no plan meets the
+    deadline at all)."""
+    try:
+        r = solve(policy.request(profile, study.loss_target, study.deadline_s, initial_situation(cfg)))
+    except InfeasibleError:
+        return None
+    return {"plan": r.plan, "meet_probability": r.meet_probability, "message": r.message}
+
+
 def run_study(study: Study) -> dict:
     profile = with_quota(study.profile, study.quota)
     # Validate the target and deadline once, with the planner's own messages.
@@ -101,6 +111,7 @@ def run_study(study: Study) -> dict:
         "overhead_s": study.overhead_s,
         "policies": {name: summarise(runs, on_demand) for name, runs in outcomes.items()},
         "initial_plans": first_plans,
+        "risk_estimate": risk_estimate(profile, study, policies[-1], cfg),
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}
                           for n, h in hazards.items()},
         "band_stress_factor": stress,
