@@ -33,7 +33,7 @@ def test_simulate_json_has_every_policy_and_the_contract_keys(capsys, tmp_path):
     assert result["policies"]["on-demand"]["mean_revocations"] == 0.0
     assert result["hazards_per_h"]["g3.8xlarge"]["source"] == "band"
     assert result["hazards_per_h"]["p3.2xlarge"]["traces"] == ["parcae_p3trace"]
-    png = tmp_path / "simulate-resnet110-cifar100.png"
+    png = tmp_path / "simulate-resnet110-cifar100-2500s.png"
     assert result["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -43,16 +43,18 @@ def write_plot(result: dict, path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    points: dict[tuple[float, float], list[str]] = {}  # policies landing on one point share a label
     for name, p in result["policies"].items():
-        ax.scatter(p["slo_attainment"], p["mean_cost_usd"], s=40)
-        ax.annotate(name, (p["slo_attainment"], p["mean_cost_usd"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
+        points.setdefault((round(p["slo_attainment"], 3), round(p["mean_cost_usd"], 2)), []).append(name)
+    for (slo, cost), names in points.items():
+        ax.scatter(slo, cost, s=40)
+        ax.annotate(" = ".join(names), (slo, cost), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.axvline(result["target_level"], color="grey", linestyle="--", linewidth=1, label="risk-aware target")
     ax.set_xlabel("SLO attainment (share of replays meeting the deadline)")
     ax.set_ylabel("mean cost (USD)")
     ax.set_xlim(-0.05, 1.1)
     ax.set_title(f"{result['workload']}: loss {result['loss_target']} by {result['deadline_s']:g} s, "
-                 f"{result['replays']} replays")
+                 f"T_ohd {result['overhead_s']:g} s, {result['replays']} replays", fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")

@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
                   level=args.level, traces=load_traces(args.traces), bands=args.band, band_stress=args.band_stress,
                   quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed)
     result = run_study(study)
-    result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{profile.workload}.png"))
+    result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{profile.workload}-{args.deadline:g}s.png"))
     if args.json:
         print_json(result)
     else:

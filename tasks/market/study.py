@@ -45,7 +45,7 @@ def with_quota(profile: Profile, quota: dict[str, int]) -> Profile:
         i.model_copy(update={"quota": quota.get(i.type, i.quota)}) for i in profile.instances]})
 
 
-def summarise(outcomes: list[Outcome], on_demand_cost_usd: float | None) -> dict:
+def summarise(outcomes: list[Outcome], on_demand_cost_usd: float | None, wall_s: float) -> dict:
     times = np.array([o.time_s for o in outcomes])
     costs = np.array([o.cost_usd for o in outcomes])
     out = {
@@ -57,6 +57,7 @@ def summarise(outcomes: list[Outcome], on_demand_cost_usd: float | None) -> dict
         "mean_revocations": float(np.mean([o.revocations for o in outcomes])),
         "mean_replans": float(np.mean([o.replans for o in outcomes])),
         "unfinished": int(sum(not o.finished for o in outcomes)),
+        "simulated_hours_per_wall_s": float(times.sum() / 3600.0 / wall_s),
     }
     if on_demand_cost_usd:
         out["savings_vs_on_demand_pct"] = 100.0 * (1.0 - out["mean_cost_usd"] / on_demand_cost_usd)
@@ -91,13 +92,16 @@ def run_study(study: Study) -> dict:
     zone_prices = zone_prices_usd_per_h(study.region)
     first_plans = {p.name: p.plan(profile, study.loss_target, initial_situation(cfg)) for p in policies}
     outcomes: dict[str, list[Outcome]] = {p.name: [] for p in policies}
+    policy_wall_s = {p.name: 0.0 for p in policies}
     started, started_cpu = time.perf_counter(), time.process_time()
     with ProgressBar(study.replays * len(policies), "simulate") as bar:
         for i in range(study.replays):
             market = Market.draw(model.types.names, hazards, model.types.spot_usd_per_h, zone_prices,
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
+                t0 = time.perf_counter()
                 outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name]))
+                policy_wall_s[policy.name] += time.perf_counter() - t0
                 bar.advance(note=policy.name)
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
     simulated_h = sum(o.time_s for runs in outcomes.values() for o in runs) / 3600.0
@@ -109,7 +113,7 @@ def run_study(study: Study) -> dict:
         "target_level": study.level,
         "replays": study.replays,
         "overhead_s": study.overhead_s,
-        "policies": {name: summarise(runs, on_demand) for name, runs in outcomes.items()},
+        "policies": {name: summarise(runs, on_demand, policy_wall_s[name]) for name, runs in outcomes.items()},
         "initial_plans": first_plans,
         "risk_estimate": risk_estimate(profile, study, policies[-1], cfg),
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}
