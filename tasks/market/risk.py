@@ -34,7 +34,7 @@ import numpy as np
 from tasks.planner import exact
 from tasks.planner.problem import PlanResult, Problem, make_result
 
-SLACK_STEPS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)  # internal deadline: fastest + step * (budget - fastest)
+SLACK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # internal deadline: fastest + step * (budget - fastest)
 SPREAD_CAP = 2
 SAMPLES = 2000
 SEED = 20230601
@@ -140,9 +140,12 @@ def solve_risk(problem: Problem) -> PlanResult:
     spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
     seen: dict[tuple, Risk] = {}
     for deadline_s, optimum in zip(deadlines_s, optima):
-        capped, stats = exact.search(spread, "cost", deadline_s=deadline_s * (1 + 1e-9))
-        evaluated += stats.evaluated
-        for counts in (optimum, capped.counts):
+        variants = [optimum]
+        if (optimum > spread.upper).any():  # otherwise the optimum is already spread
+            capped, stats = exact.search(spread, "cost", deadline_s=deadline_s * (1 + 1e-9))
+            evaluated += stats.evaluated
+            variants.append(capped.counts)
+        for counts in variants:
             if counts is not None and tuple(counts) not in seen:
                 seen[tuple(counts)] = assess(problem, counts, frontier)
         meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
