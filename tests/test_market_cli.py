@@ -64,6 +64,13 @@ def test_simulate_rejects_a_type_without_trace_or_band(capsys):
     assert err.count("\n") == 1
 
 
+def test_simulate_rejects_a_trace_of_a_family_the_profile_lacks(capsys, tmp_path):
+    trace = tmp_path / "g5-mine.csv"
+    trace.write_text("0,4\n100,3\n")
+    status, _, err = simulate(capsys, "--deadline", "3000", "--traces", str(trace), "--band", G3_BANDS)
+    assert status == 2 and "trace g5-mine is of family g5, which no type of the profile has" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--deadline", "3000", "--level", "1.5", "--band", G3_BANDS], "--level must be a probability"),
     (["--deadline", "3000", "--replays", "0", "--band", G3_BANDS], "--replays must be at least 1"),

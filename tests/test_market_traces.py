@@ -78,6 +78,7 @@ def test_missing_trace_file_and_unknown_family(tmp_path):
         load_trace(tmp_path / "nope.csv")
     with pytest.raises(UserInputError, match="instance family"):
         family_of("mystery")
+    assert family_of("p3-my-own-trace") == "p3" and family_of("parcae_p3trace") == "p3"
 
 
 def test_band_hazard_is_the_monthly_midpoint_as_a_constant_hazard():

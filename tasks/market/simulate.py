@@ -41,7 +41,7 @@ def _run(args: argparse.Namespace) -> int:
     from tasks.errors import UserInputError
     from tasks.market.report import format_table, write_plot
     from tasks.market.study import Study, run_study
-    from tasks.market.traces import load_traces
+    from tasks.market.traces import family_of, load_traces
     from tasks.profile import load_profile
 
     replays = args.replays if args.replays is not None else (QUICK_REPLAYS if args.quick else FULL_REPLAYS)
@@ -50,8 +50,15 @@ def _run(args: argparse.Namespace) -> int:
     if not 0 < args.level < 1:
         raise UserInputError(f"--level must be a probability in (0, 1), got {args.level}")
     profile = load_profile(args.profile)
+    traces = load_traces(args.traces)
+    if args.traces:  # traces the user names must stand for some type of the profile
+        families = {family_of(t) for t in profile.type_names}
+        for t in traces:
+            if t.family not in families:
+                raise UserInputError(f"trace {t.name} is of family {t.family}, which no type of the profile "
+                                     f"has ({', '.join(profile.type_names)})")
     study = Study(profile=profile, loss_target=args.loss, deadline_s=args.deadline, replays=replays,
-                  level=args.level, traces=load_traces(args.traces), bands=args.band, band_stress=args.band_stress,
+                  level=args.level, traces=traces, bands=args.band, band_stress=args.band_stress,
                   quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed)
     result = run_study(study)
     result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{profile.workload}-{args.deadline:g}s.png"))

@@ -44,12 +44,14 @@ class Trace:
 
 
 def family_of(type_or_trace: str) -> str:
-    """'p3.2xlarge' -> 'p3'; 'bamboo_aws-spot-instances-g4dn-xlarge-...' -> 'g4dn'; 'parcae_p3trace' -> 'p3'."""
+    """'p3.2xlarge' -> 'p3'; a trace's file name -> the first family token in it:
+    'bamboo_aws-spot-instances-g4dn-xlarge-...' -> 'g4dn', 'parcae_p3trace' -> 'p3', 'p3-mine' -> 'p3'."""
     if "." in type_or_trace:
         return type_or_trace.split(".", 1)[0]
-    m = re.search(r"instances-([a-z]+\d+[a-z]*)-", type_or_trace) or re.search(r"_([a-z]+\d+[a-z]*?)trace", type_or_trace)
+    m = re.search(r"(?:^|[-_])([a-z]{1,4}\d+[a-z]*?)(?:trace|[-_.]|$)", type_or_trace)
     if not m:
-        raise UserInputError(f"cannot tell the instance family of trace {type_or_trace!r} from its name")
+        raise UserInputError(f"cannot tell the instance family of trace {type_or_trace!r} from its name "
+                             f"(name it after the family, e.g. p3-{type_or_trace}.csv)")
     return m.group(1)
 
 
