@@ -119,8 +119,10 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
     g5 = profile.loss.gamma5
     u_target = 1.0 / (cfg.loss_target - g5)
     spot = market is not None and not policy.on_demand
-    prices = market.prices_usd_per_h if spot else model.prices_usd_per_h if not policy.on_demand \
-        else model.types.on_demand_usd_per_h
+    if policy.on_demand:
+        prices = model.types.on_demand_usd_per_h
+    else:
+        prices = market.prices_usd_per_h if market is not None else model.types.spot_usd_per_h
     give_up_s = cfg.deadline_s * cfg.give_up_factor
     # Instances: parallel lists of type index, launch, join, revocation and end times.
     kind: list[int] = []
@@ -133,8 +135,11 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         for m, extra in enumerate(model.counts_vector(plan) - have):
             if extra > 0:
                 times = market.revocation_times_s(m, int(extra), now_s) if spot else np.full(extra, np.inf)
-                for rt in times:
-                    kind.append(m), launched.append(now_s), joins.append(join_s), revokes.append(float(rt)), ends.append(None)
+                kind.extend([m] * len(times))
+                launched.extend([now_s] * len(times))
+                joins.extend([join_s] * len(times))
+                revokes.extend(float(rt) for rt in times)
+                ends.extend([None] * len(times))
 
     def live_counts(joined_by: float | None = None) -> np.ndarray:
         c = np.zeros(len(names), dtype=np.int64)
