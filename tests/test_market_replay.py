@@ -5,11 +5,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tasks.market.policies import Policy, Situation, standard_policies
 from tasks.market.replay import Market, ReplayConfig, replay
 from tasks.model import Model
-from tasks.planner import PlanRequest, solve
+from tasks.planner import PlanRequest, build_problem, fastest_time_s, solve
 from tasks.profile import load_profile
 from tests.conftest import SHIPPED_PROFILE
 
@@ -135,3 +136,25 @@ def test_standard_policies_are_the_seven_of_the_comparison():
     assert by_name["homogeneous-slow"].types == ("p2.8xlarge",)  # slowest per GPU (K80)
     assert by_name["restart-single"].restart_on_preemption
     assert by_name["risk-aware"].solver == "risk"
+
+
+
+@settings(max_examples=12, deadline=None)
+@given(loss=st.floats(0.65, 1.5), slack=st.floats(1.02, 2.5), cut=st.floats(0.01, 0.95))
+def test_replay_time_and_cost_follow_the_model(loss, slack, cut):
+    """For any target: with no revocation the replay is the model; when every instance is lost at
+    once and a restart without checkpoints relaunches the plan, the run takes the lost time plus
+    T_ohd plus a whole run, and every instance-second is paid."""
+    deadline_s = fastest_time_s(build_problem(PlanRequest(PROFILE, loss, 1e9))) * slack
+    plan = solve(PlanRequest(PROFILE, loss, deadline_s))
+    calm = replay(PROFILE, MODEL, Policy("exact"), ReplayConfig(loss, deadline_s), None)
+    assert calm.time_s == pytest.approx(plan.predicted_time_s, rel=1e-9)
+    assert calm.cost_usd == pytest.approx(plan.predicted_cost_usd, rel=1e-9)
+    cut_s = cut * plan.predicted_time_s
+    market = Market(MODEL.types.spot_usd_per_h, np.zeros(len(NAMES)),
+                    [(np.array([cut_s]), np.array([1.0]))] * len(NAMES), seed=0)
+    cfg = ReplayConfig(loss, deadline_s, overhead_s=120.0, checkpoint_s=0.0)  # 0: never saved
+    out = replay(PROFILE, MODEL, Policy("restart", restart_on_preemption=True), cfg, market, first_plan=plan.plan)
+    assert out.revocations == sum(plan.plan.values()) and out.replans == 0
+    assert out.time_s == pytest.approx(cut_s + 120.0 + plan.predicted_time_s, rel=1e-9)
+    assert out.cost_usd == pytest.approx(plan.usd_per_h * out.time_s / 3600.0, rel=1e-9)
