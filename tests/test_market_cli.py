@@ -80,3 +80,13 @@ def test_simulate_rejects_a_trace_of_a_family_the_profile_lacks(capsys, tmp_path
 def test_simulate_bad_options(capsys, args, message):
     status, _, err = simulate(capsys, *args)
     assert status == 2 and message in err
+
+
+def test_simulate_synthetic_replays_poisson_at_the_same_hazards(capsys, tmp_path):
+    status, out, err = simulate(capsys, "--deadline", "2500", "--replays", "1", "--synthetic", "--band", G3_BANDS,
+                                "--out-dir", str(tmp_path), "--json")
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["synthetic"] is True
+    assert result["hazards_per_h"]["p3.2xlarge"]["source"] == "trace"  # its rate still comes from the trace
+    assert set(result["policies"]) == POLICIES

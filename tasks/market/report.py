@@ -21,7 +21,8 @@ def format_table(result: dict) -> str:
     if est:
         rows += ["", f"risk-aware plan  {est['plan']}: estimated P(meet) {est['meet_probability']:.3f}"
                      + (f" ({est['message']})" if est["message"] else "")]
-    rows += ["", "revocation hazards (per instance-hour):"]
+    replayed = "all as Poisson processes (--synthetic)" if result.get("synthetic") else "trace windows where mapped"
+    rows += ["", f"revocation hazards (per instance-hour), replayed {replayed}:"]
     for name, h in result["hazards_per_h"].items():
         where = (f"{len(h['traces'])} real trace(s) of its family" if h["traces"]
                  else f"interruption band x stress {result['band_stress_factor']:.0f}")

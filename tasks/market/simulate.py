@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TYPE=B,...: interruption band 0..4 for types the catalog has none for")
     p.add_argument("--band-stress", type=cli_args.positive_float, default=None,
                    help="multiply band hazards by this (default: calibrated on the traces)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="revoke every type by a Poisson process at its hazard (trace rate or band) "
+                        "instead of replaying trace windows")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
     p.add_argument("--overhead", type=cli_args.nonnegative_float, default=120.0,
                    help="seconds a new instance takes to start and join (T_ohd)")
@@ -59,7 +62,8 @@ def _run(args: argparse.Namespace) -> int:
                                      f"has ({', '.join(profile.type_names)})")
     study = Study(profile=profile, loss_target=args.loss, deadline_s=args.deadline, replays=replays,
                   level=args.level, traces=traces, bands=args.band, band_stress=args.band_stress,
-                  quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed)
+                  quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed,
+                  synthetic=args.synthetic)
     result = run_study(study)
     result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{profile.workload}-{args.deadline:g}s.png"))
     if args.json:

@@ -5,6 +5,7 @@ and every policy runs on that same draw, so policies differ by what they do, not
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ class Study:
     overhead_s: float = 120.0
     region: str = "us-east-1"
     seed: int = 0
+    synthetic: bool = False  # revoke every type by a Poisson process at its hazard, no trace windows
 
 
 def with_quota(profile: Profile, quota: dict[str, int]) -> Profile:
@@ -85,6 +87,7 @@ def run_study(study: Study) -> dict:
             raise UserInputError(f"interruption band for {name} must be 0..4, got {band}")
     bands.update(study.bands)
     hazards, stress = type_hazards(profile, study.traces, bands, study.band_stress)
+    replayed = {n: dataclasses.replace(h, traces=()) for n, h in hazards.items()} if study.synthetic else hazards
     model = Model.from_profile(profile)
     policies = standard_policies(profile, study.loss_target, study.deadline_s, study.level,
                                  {n: h.hazard_per_h for n, h in hazards.items() if h.hazard_per_h > 0})
@@ -96,7 +99,7 @@ def run_study(study: Study) -> dict:
     started, started_cpu = time.perf_counter(), time.process_time()
     with ProgressBar(study.replays * len(policies), "simulate") as bar:
         for i in range(study.replays):
-            market = Market.draw(model.types.names, hazards, model.types.spot_usd_per_h, zone_prices,
+            market = Market.draw(model.types.names, replayed, model.types.spot_usd_per_h, zone_prices,
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
                 t0 = time.perf_counter()
@@ -119,6 +122,7 @@ def run_study(study: Study) -> dict:
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}
                           for n, h in hazards.items()},
         "band_stress_factor": stress,
+        "synthetic": study.synthetic,
         "simulated_hours": simulated_h,
         "wall_s": wall_s,
         "simulated_hours_per_wall_s": simulated_h / wall_s,
