@@ -176,6 +176,7 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         done = t + remaining_s <= t_next
         if u_now is not None and not done:
             loss = g5 + 1.0 / u_at(t_next)
+            done = loss <= cfg.loss_target  # rounding: the target is reached at t_next
         t = t_next
         if done or t >= give_up_s:
             break
