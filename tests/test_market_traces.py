@@ -116,7 +116,7 @@ def test_type_without_trace_or_band_is_a_clear_error_unless_unused():
     unused = profile.model_copy(update={"instances": [
         i.model_copy(update={"quota": 0 if i.type.startswith("g3") else i.quota}) for i in profile.instances]})
     table, _ = type_hazards(unused, load_traces(), {"p3.2xlarge": 4})
-    assert table["g3.8xlarge"].hazard_per_h == 0
+    assert table["g3.8xlarge"].hazard_per_h == 0 and table["g3.8xlarge"].source == "unused"
 
 
 @settings(max_examples=30, deadline=None)

@@ -39,12 +39,9 @@ class TypeHazard:
 
     type: str
     hazard_per_h: float  # what the risk-aware planner assumes
-    traces: tuple[Trace, ...] = ()  # empty: synthetic, Poisson at hazard_per_h
+    source: str  # "trace" (rate measured on `traces`), "band" or "unused" (quota 0)
+    traces: tuple[Trace, ...] = ()  # empty: replayed as a Poisson process at hazard_per_h
     band: int | None = None
-
-    @property
-    def source(self) -> str:
-        return "trace" if self.traces else "band"
 
 
 def catalog_bands(region: str) -> dict[str, int]:
@@ -86,13 +83,13 @@ def type_hazards(profile: Profile, traces: list[Trace], bands: dict[str, int],
     for inst in profile.instances:
         name = inst.type
         if inst.quota == 0:
-            table[name] = TypeHazard(name, 0.0)
+            table[name] = TypeHazard(name, 0.0, "unused")
         elif name in traces_by_type:
             mapped = traces_by_type[name]
             rate = sum(t.revocations for t in mapped) / sum(t.instance_hours for t in mapped)
-            table[name] = TypeHazard(name, rate, tuple(mapped), bands.get(name))
+            table[name] = TypeHazard(name, rate, "trace", tuple(mapped), bands.get(name))
         elif name in bands:
-            table[name] = TypeHazard(name, band_hazard_per_h(bands[name]) * stress, (), bands[name])
+            table[name] = TypeHazard(name, band_hazard_per_h(bands[name]) * stress, "band", (), bands[name])
         else:
             raise UserInputError(
                 f"type {name} has no trace of its family ({family_of(name)}) and no interruption band: "

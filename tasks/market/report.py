@@ -24,8 +24,9 @@ def format_table(result: dict) -> str:
     replayed = "all as Poisson processes (--synthetic)" if result.get("synthetic") else "trace windows where mapped"
     rows += ["", f"revocation hazards (per instance-hour), replayed {replayed}:"]
     for name, h in result["hazards_per_h"].items():
-        where = (f"{len(h['traces'])} real trace(s) of its family" if h["traces"]
-                 else f"interruption band x stress {result['band_stress_factor']:.0f}")
+        where = {"trace": f"{len(h['traces'])} real trace(s) of its family",
+                 "band": f"interruption band x stress {result['band_stress_factor']:.0f}",
+                 "unused": "not used (quota 0)"}[h["source"]]
         rows.append(f"  {name:<16}{h['rate']:>8.4f}  {where}")
     rows += ["", f"replay speed     {result['simulated_hours_per_wall_s']:.1f} simulated hours per wall second "
                  f"({result['simulated_hours']:.1f} h in {result['wall_s']:.1f} s; "
