@@ -11,6 +11,7 @@ import importlib
 BENCHES = {
     "aws": "tasks.providers.aws_bench",
     "planner": "tasks.planner.bench",
+    "market": "tasks.market.bench",
 }
 
 

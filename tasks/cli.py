@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "tasks.bench",
     "tasks.pipeline.commands",
     "tasks.cleanup",
+    "tasks.market.simulate",
 ]
 
 

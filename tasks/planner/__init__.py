@@ -26,6 +26,10 @@ def solve_problem(problem: Problem) -> PlanResult:
     """Solve a validated problem; an infeasible one comes back with status "infeasible"."""
     started = time.perf_counter()
     solver = problem.request.solver
+    if solver == "risk":
+        from tasks.market.risk import solve_risk
+
+        return solve_risk(problem)
     seed, evaluated = solve_heuristic(problem)
     if solver == "exact":
         best, stats = exact.search(problem, "cost", incumbent=seed)

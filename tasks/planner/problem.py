@@ -11,7 +11,7 @@ from tasks.errors import UserInputError
 from tasks.model import Model
 from tasks.profile import Profile
 
-SolverName = Literal["exact", "heuristic"]
+SolverName = Literal["exact", "heuristic", "risk"]
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
 # that floating-point summation order never decides between equally good plans.
 COST_TIE_REL = 1e-9
@@ -29,6 +29,13 @@ class PlanRequest:
     bandwidth_margin: float = 0.0
     solver: SolverName = "exact"
     on_demand: bool = False  # price at on-demand rates (the all-on-demand baseline)
+    # solver="risk" (tasks/market/risk.py): the cheapest plan (expected cost) that meets the
+    # deadline with at least this probability, given per-type revocation hazards (revocations per
+    # instance-hour; types left out are never revoked) and the time a revoked instance's
+    # replacement takes to join.
+    target_probability: float = 0.95
+    hazards_per_h: dict[str, float] = field(default_factory=dict)
+    recovery_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class PlanResult:
     evaluated: int = 0  # clusters scored
     fastest_time_s: float | None = None  # set when infeasible
     message: str = ""
+    meet_probability: float | None = None  # solver="risk": estimated P(meeting the deadline)
 
     @property
     def feasible(self) -> bool:
@@ -111,8 +119,16 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(f"overhead must be zero or more seconds, got {req.overhead_s}")
     if not 0.0 <= req.bandwidth_margin < 1.0:
         raise UserInputError(f"bandwidth margin must be in [0, 1), got {req.bandwidth_margin}")
-    if req.solver not in ("exact", "heuristic"):
-        raise UserInputError(f"unknown solver {req.solver!r} (exact or heuristic)")
+    if req.solver not in ("exact", "heuristic", "risk"):
+        raise UserInputError(f"unknown solver {req.solver!r} (exact, heuristic or risk)")
+    if not 0.0 < req.target_probability < 1.0:
+        raise UserInputError(f"target probability must be in (0, 1), got {req.target_probability}")
+    if not math.isfinite(req.recovery_s) or req.recovery_s < 0:
+        raise UserInputError(f"recovery time must be zero or more seconds, got {req.recovery_s}")
+    for name, h in req.hazards_per_h.items():
+        profile.instance(name)
+        if not math.isfinite(h) or h < 0:
+            raise UserInputError(f"hazard for {name} must be zero or more revocations per hour, got {h}")
     _check_counts(profile, req.existing, "existing count")
     _check_counts(profile, req.quota, "quota")
 

@@ -1,0 +1,164 @@
+"""The risk-aware planner (`solver="risk"`): the cheapest plan, by expected cost, that meets the
+deadline with at least the target probability under per-type revocation hazards.
+
+Candidates are the exact planner's optima at tighter internal deadlines, spaced evenly from the
+budget down to the fastest plan's time (so the last is the fastest plan, the most slack to be
+had), each also with every type capped at SPREAD_CAP instances (spread across types, so that one
+type's revocations cost less). Each candidate's P(meet) and expected cost come from a fast
+vectorised Monte Carlo with a fixed seed (common random numbers for all candidates):
+- revocations of type m arrive as a Poisson process at n_m * h_m over the budget window (later
+  ones cannot make the deadline be missed);
+- a revocation while training runs removes one instance of its type for `recovery_s` (its
+  replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
+  where T is the model's predicted time; a revocation after completion does not count;
+- the replacement is paid from its launch, the cluster for the whole (delayed) run;
+- re-planning: when a revocation first pushes the projected finish F past the deadline, the
+  re-planner switches, once the overhead has passed, to the cheapest plan that does the rest of
+  the work in the time left. The rest is the share phi = (F - switch) / T_plan of a whole run;
+  a plan whose whole run takes T does it in phi * T at phi times its whole-run cost. The plans
+  on offer are the frontier of unconstrained optima at the internal deadlines plus the fastest
+  plan; if even the fastest is too slow the run is late.
+This first-order model ignores overlapping outages; the replay (replay.py) measures what a plan
+really achieves.
+Candidates are visited cheapest first; the search stops once a candidate's predicted
+(revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
+expected cost found that meets the level.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from tasks.planner import exact
+from tasks.planner.problem import PlanResult, Problem, make_result
+
+SLACK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # internal deadline: fastest + step * (budget - fastest)
+SPREAD_CAP = 2
+SAMPLES = 2000
+SEED = 20230601
+
+
+@dataclasses.dataclass(frozen=True)
+class Risk:
+    meet_probability: float
+    expected_cost_usd: float
+    predicted_cost_usd: float
+    predicted_time_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+    """Whole-run time and cost of the cheapest plan for a few deadlines, fastest first: what a
+    re-plan can buy when a run must speed up."""
+
+    time_s: np.ndarray
+    cost_usd: np.ndarray
+
+    @classmethod
+    def of(cls, problem: Problem, plans: list[np.ndarray]) -> "Frontier":
+        """From some plans (at least one)."""
+        r = problem.evaluate(np.array(plans))
+        order = np.argsort(r["time_s"], kind="stable")
+        t, c = r["time_s"][order], r["cost_usd"][order]
+        keep = c <= np.minimum.accumulate(c)  # a slower plan is only worth it if it is cheaper
+        return cls(t[keep], c[keep])
+
+    def cheapest_within(self, allowed_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time, cost) of the cheapest frontier plan taking at most allowed_s; the fastest
+        plan where none does."""
+        i = np.clip(np.searchsorted(self.time_s, allowed_s, side="right") - 1, 0, None)
+        return self.time_s[i], self.cost_usd[i]
+
+
+def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
+           seed: int = SEED) -> Risk:
+    """P(meet the budget) and expected cost of one plan under the request's hazards."""
+    req, model = problem.request, problem.model
+    counts = np.asarray(counts, dtype=np.int64)
+    m = len(counts)
+    hazard_per_s = np.array([req.hazards_per_h.get(n, 0.0) for n in model.types.names]) / 3600.0
+    # Row 0: the plan; row 1 + k: the plan less one instance of type k.
+    rows = np.repeat(counts[None, :], m + 1, axis=0)
+    rows[1:] -= np.eye(m, dtype=np.int64) * (counts > 0)
+    r = problem.evaluate(rows)
+    t_plan, usd_per_h = float(r["time_s"][0]), float(r["usd_per_h"][0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delay_s = req.recovery_s * (1.0 - t_plan / r["time_s"][1:])
+    delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
+    window_s = problem.budget_s
+    rng = np.random.default_rng(seed)
+    k = rng.poisson(counts * hazard_per_s * window_s, size=(samples, m))
+    width = max(1, int(k.max(initial=0)))
+    times, delays, prices = [], [], []
+    for j in np.flatnonzero(counts):
+        t = rng.uniform(0.0, window_s, size=(samples, width))
+        times.append(np.where(np.arange(width) < k[:, j:j + 1], t, np.inf))
+        delays.append(np.full((samples, width), delay_s[j]))
+        prices.append(np.full((samples, width), model.prices_usd_per_h[j]))
+    times_a, delays_a, prices_a = (np.concatenate(a, axis=1) for a in (times, delays, prices))
+    order = np.argsort(times_a, axis=1)
+    times_a, delays_a, prices_a = (np.take_along_axis(a, order, axis=1) for a in (times_a, delays_a, prices_a))
+    before = np.cumsum(delays_a, axis=1) - delays_a
+    counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
+    finish_s = t_plan + (delays_a * counted).sum(axis=1)
+    replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
+    cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+    # Re-planning from the first revocation that makes the run late.
+    late = counted & (t_plan + before + delays_a > window_s)
+    any_late = late.any(axis=1)
+    switch_s = np.where(any_late, times_a[np.arange(samples), late.argmax(axis=1)] + req.recovery_s, 0.0)
+    share = (finish_s - switch_s) / t_plan
+    replan = any_late & (share > 0)
+    allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
+    run_s, run_usd = frontier.cheapest_within(allowed_s)
+    finish_s = np.where(replan, switch_s + share * run_s, finish_s)
+    cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
+    meet = float(np.mean(finish_s <= window_s * (1 + 1e-9)))
+    return Risk(meet, float(cost.mean()), float(r["cost_usd"][0]), t_plan)
+
+
+def solve_risk(problem: Problem) -> PlanResult:
+    started = time.perf_counter()
+    level = problem.request.target_probability
+    fastest, stats = exact.search(problem, "time", deadline_s=np.inf)
+    evaluated = stats.evaluated
+    if fastest.time_s > problem.budget_s * (1 + 1e-9):  # no plan meets the deadline even without revocations
+        from tasks.planner import solve_problem
+
+        plain = dataclasses.replace(problem.request, solver="exact")
+        result = solve_problem(dataclasses.replace(problem, request=plain))
+        return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
+    deadlines_s = [fastest.time_s + step * (problem.budget_s - fastest.time_s) for step in SLACK_STEPS]
+    optima = []
+    for deadline_s in deadlines_s:
+        best, stats = exact.search(problem, "cost", deadline_s=deadline_s * (1 + 1e-9))
+        evaluated += stats.evaluated
+        optima.append(best.counts if best.counts is not None else fastest.counts)
+    frontier = Frontier.of(problem, optima)
+    spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
+    seen: dict[tuple, Risk] = {}
+    for deadline_s, optimum in zip(deadlines_s, optima):
+        variants = [optimum]
+        if (optimum > spread.upper).any():  # otherwise the optimum is already spread
+            capped, stats = exact.search(spread, "cost", deadline_s=deadline_s * (1 + 1e-9))
+            evaluated += stats.evaluated
+            variants.append(capped.counts)
+        for counts in variants:
+            if counts is not None and tuple(counts) not in seen:
+                seen[tuple(counts)] = assess(problem, counts, frontier)
+        meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
+        if meeting and seen[tuple(optimum)].predicted_cost_usd >= min(meeting):
+            break
+    meeting_keys = [k for k, r in seen.items() if r.meet_probability >= level]
+    if meeting_keys:
+        key = min(meeting_keys, key=lambda k: (seen[k].expected_cost_usd, seen[k].predicted_time_s))
+        message = ""
+    else:  # best effort: the most likely plan
+        key = max(seen, key=lambda k: (seen[k].meet_probability, -seen[k].expected_cost_usd))
+        message = (f"no candidate meets the deadline with probability {level:g}; "
+                   f"the best reaches {seen[key].meet_probability:.3f}")
+    result = make_result(problem, np.array(key), "risk", "feasible", time.perf_counter() - started, evaluated,
+                         message=message)
+    return dataclasses.replace(result, meet_probability=seen[key].meet_probability)

@@ -1,0 +1,80 @@
+"""The risk-aware planner, as the pipeline reaches it: tasks.planner.solve with solver="risk"."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tasks.errors import InfeasibleError, UserInputError
+from tasks.market.risk import Frontier, assess
+from tasks.planner import PlanRequest, build_problem, exact, solve
+from tasks.profile import load_profile
+from tests.conftest import SHIPPED_PROFILE
+
+PROFILE = load_profile(SHIPPED_PROFILE)
+STORMY = {"p3.2xlarge": 2.0, "g4dn.4xlarge": 2.0, "g3.8xlarge": 2.0, "g3.16xlarge": 2.0, "p2.8xlarge": 2.0}
+
+
+def fastest_only(problem):
+    best, _ = exact.search(problem, "time", deadline_s=np.inf)
+    return Frontier.of(problem, [best.counts])
+
+
+def test_without_hazards_risk_is_the_exact_optimum():
+    for deadline_s in (2500.0, 4000.0):
+        exact = solve(PlanRequest(PROFILE, 0.8, deadline_s))
+        risk = solve(PlanRequest(PROFILE, 0.8, deadline_s, solver="risk"))
+        assert risk.plan == exact.plan and risk.solver == "risk"
+        assert risk.meet_probability == 1.0
+
+
+@pytest.mark.parametrize("level", [0.5, 0.9, 0.99])
+def test_risk_plan_meets_its_level_and_costs_at_least_the_exact_plan(level):
+    req = PlanRequest(PROFILE, 0.8, 3000.0, solver="risk", target_probability=level, hazards_per_h=STORMY)
+    risk = solve(req)
+    exact = solve(dataclasses.replace(req, solver="exact"))
+    assert risk.meet_probability >= level and not risk.message
+    assert risk.predicted_cost_usd >= exact.predicted_cost_usd * (1 - 1e-9)
+    assert risk.predicted_time_s <= 3000.0
+
+
+def test_stormier_markets_buy_more_slack():
+    calm = solve(PlanRequest(PROFILE, 0.8, 2800.0, solver="risk", hazards_per_h={"p3.2xlarge": 0.01}))
+    stormy = solve(PlanRequest(PROFILE, 0.8, 2800.0, solver="risk", hazards_per_h=STORMY, target_probability=0.99))
+    assert stormy.predicted_time_s < calm.predicted_time_s
+    assert stormy.predicted_cost_usd > calm.predicted_cost_usd
+
+
+def test_assess_is_exact_without_hazards_and_lower_with_them():
+    counts = np.array([2, 0, 5, 4, 0])  # the exact optimum at 2000 s: 1980 s, near the fastest 1921 s
+    problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk"))
+    quiet = assess(problem, counts, fastest_only(problem))
+    assert quiet.meet_probability == 1.0
+    assert quiet.expected_cost_usd == pytest.approx(quiet.predicted_cost_usd)
+    stormy_problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk", hazards_per_h=STORMY))
+    stormy = assess(stormy_problem, counts, fastest_only(stormy_problem))
+    # 11 instances at two revocations an hour each, 20 s of slack, and re-planning can hardly
+    # speed up a plan that is already nearly the fastest.
+    assert stormy.meet_probability < 0.8
+    assert stormy.expected_cost_usd > quiet.expected_cost_usd
+    again = assess(stormy_problem, counts, fastest_only(stormy_problem))
+    assert again == stormy  # fixed seed: the same answer every time
+
+
+def test_unreachable_level_returns_the_likeliest_plan_with_a_message():
+    req = PlanRequest(PROFILE, 0.8, 1990.0, solver="risk", target_probability=0.999,
+                      hazards_per_h={k: 50.0 for k in STORMY})
+    result = solve(req)
+    assert result.feasible and result.meet_probability < 0.999
+    assert "no candidate meets the deadline with probability 0.999" in result.message
+
+
+def test_risk_bad_input():
+    with pytest.raises(UserInputError, match="target probability must be in"):
+        solve(PlanRequest(PROFILE, 0.8, 3000.0, solver="risk", target_probability=1.5))
+    with pytest.raises(UserInputError, match="hazard for p3.2xlarge must be zero or more"):
+        solve(PlanRequest(PROFILE, 0.8, 3000.0, solver="risk", hazards_per_h={"p3.2xlarge": -1.0}))
+    with pytest.raises(UserInputError, match="unknown instance type"):
+        solve(PlanRequest(PROFILE, 0.8, 3000.0, solver="risk", hazards_per_h={"x1.large": 1.0}))
+    with pytest.raises(InfeasibleError) as err:
+        solve(PlanRequest(PROFILE, 0.8, 1000.0, solver="risk", hazards_per_h=STORMY))
+    assert err.value.fastest_time_s == pytest.approx(1921.0, abs=1.0)
