@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
-    p.add_argument("--solver", choices=["exact", "heuristic"], default="exact")
+    p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
+    p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
+                   help="with --solver risk: probability of meeting the deadline to plan for")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
@@ -67,7 +69,7 @@ def build_request(args: argparse.Namespace):
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
             "candidates": {"types": types, "quotas": args.quota},
-            "profile": args.profile, "solver": args.solver,
+            "profile": args.profile, "solver": args.solver, "risk_level": args.risk_level,
             "provider": {"name": args.provider, "region": args.region,
                          "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},

@@ -82,7 +82,8 @@ class TrainRequest(BaseModel):
     slo: SLO
     candidates: Candidates
     profile: str | None = Field(None, description="use this profile JSON instead of profiling")
-    solver: Literal["exact", "heuristic"] = "exact"
+    solver: Literal["exact", "heuristic", "risk"] = "exact"
+    risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     filling: Filling = Field(default_factory=Filling)

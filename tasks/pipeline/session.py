@@ -87,6 +87,7 @@ class TrainingSession:
         self.replans = 0
         self.revocations = 0
         self.speed_correction = 1.0  # observed / predicted, learnt from drift
+        self._hazards: dict[str, float] | None = None
         types = {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
         self.ps_type = profile.type_names[0]
@@ -98,8 +99,22 @@ class TrainingSession:
         return PlanRequest(
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
-            current_loss=current_loss, solver=self.request.solver,
+            current_loss=current_loss, solver=self.request.solver, **self.risk_options(),
         )
+
+    def risk_options(self) -> dict:
+        """For the risk-aware solver: per-type revocation hazards from the shipped traces and the
+        catalog's interruption bands (tasks/market/hazards.py), and the level to reach."""
+        if self.request.solver != "risk":
+            return {}
+        if self._hazards is None:
+            from tasks.market.hazards import catalog_bands, type_hazards
+            from tasks.market.traces import load_traces
+
+            table, _ = type_hazards(self.profile, load_traces(), catalog_bands(self.request.provider.region))
+            self._hazards = {t: h.hazard_per_h for t, h in table.items()}
+        return {"target_probability": self.request.risk_level, "hazards_per_h": self._hazards,
+                "recovery_s": self.request.overhead_s}
 
     def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
         """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
