@@ -111,7 +111,7 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
     interval = 5
     run = _start(provider, "psfail", checkpoint_every_updates=interval)
     try:
-        driver.add_workers(run, TYPES[0], 2, batch_size=8)
+        driver.add_workers(run, TYPES[0], 1, batch_size=8)
         driver.wait_for(run, lambda p: p.updates_total >= 3 * interval, 90)
         os.killpg(provider.pid_of("psfail", run.ps_instance.instance_id), signal.SIGKILL)
         time.sleep(0.5)

@@ -3,14 +3,16 @@
 Each instance is a local process (its Startup argv; "python" means this interpreter) started in
 its own process group, with its output in <artifacts>/<run-id>/logs/<instance-id>.log. Its
 instance type shapes it: the provider passes SPOTFILL_INSTANCE_ID, SPOTFILL_INSTANCE_TYPE,
-SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the PS shapes its
-traffic to it, times `bandwidth_scale`), SPOTFILL_NOTICE_FILE and, if set,
+SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the type's network
+bandwidth times `bandwidth_scale`, which the PS shapes the worker's traffic to; bandwidth_scale=None:
+not shaped), SPOTFILL_NOTICE_FILE and, if set,
 SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 
 The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
-SIGTERM/SIGINT.
+SIGTERM/SIGINT; should it be killed outright (SIGKILL), the PS and workers see that the pid in
+SPOTFILL_WATCH_PID is gone and stop by themselves.
 
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
@@ -92,7 +94,7 @@ class LocalProvider(Provider):
         types: list[InstanceType] | None = None,
         relative_speed: dict[str, float] | None = None,
         *,
-        bandwidth_scale: float = 1.0,
+        bandwidth_scale: float | None = 1.0,
         reference_compute_s: float | None = None,
         terminate_grace_s: float = 10.0,
     ):
@@ -214,9 +216,11 @@ class LocalProvider(Provider):
             "SPOTFILL_INSTANCE_ID": instance_id,
             "SPOTFILL_INSTANCE_TYPE": instance_type,
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
-            "SPOTFILL_NIC_MBPS": repr(itype.network_mbps * self.bandwidth_scale),
             "SPOTFILL_NOTICE_FILE": str(notice_file),
+            "SPOTFILL_WATCH_PID": str(os.getpid()),
         }
+        if self.bandwidth_scale is not None:
+            env["SPOTFILL_NIC_MBPS"] = repr(itype.network_mbps * self.bandwidth_scale)
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]
