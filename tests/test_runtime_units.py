@@ -186,8 +186,9 @@ def test_traces_parse_both_formats():
     parcae = load_trace(TRACES / "parcae_p3trace.csv")
     assert all(n >= 0 for _, n in parcae) and parcae[-1][0] == pytest.approx(40920.0)
     drops = revocations(parcae)
-    assert drops and all(k > 0 for _, k in drops)
-    assert sum(k for _, k in drops) == sum(max(0, a - b) for (_, a), (_, b) in zip(parcae, parcae[1:]))
+    assert drops and all(0 < f <= 1 for _, f in drops)
+    assert len(drops) == sum(1 for (_, a), (_, b) in zip(parcae, parcae[1:]) if b < a)
+    assert revocations([(0.0, 4), (5.0, 3), (9.0, 4), (12.0, 0)]) == [(5.0, 0.25), (12.0, 1.0)]
 
 
 def test_bad_trace_is_a_user_error(tmp_path):

@@ -4,11 +4,12 @@
    shaping, no padding) against a plain single-process training loop (forward, backward,
    optimizer step), same model (ResNet-20, width 16), same batch, one thread each, alternating in
    short rounds in the same run (the machine is shared, its load changes by the second):
-   overhead_ratio = runtime samples/s / plain samples/s over all rounds; the per-round ratios and
-   their median are reported too.
-2. Throughput against the number of workers, 1..8, in one elastic run on the local provider:
-   workers are added one at a time (none restarted); after each joins and warms up, the cluster's
-   accepted samples are counted over a window. Workers emulate an instance whose compute takes
+   samples/s = batch / median step time, overhead_ratio = runtime samples/s / plain samples/s
+   (medians resist other processes' load spikes; overhead_ratio_of_totals, from total times, is
+   reported too).
+2. Throughput against the number of workers, 1..8 (--quick: 1, 2, 4, 8), in one elastic run on
+   the local provider: workers are added (none restarted); once all have joined and warmed up,
+   the cluster's accepted samples are counted over a window (10 s; --quick 3 s). Workers emulate an instance whose compute takes
    `reference_compute_s` (the measured compute is padded to it, so this 2-core machine is not the
    bottleneck) and the PS's bandwidth is capped at `ps_bandwidth_mbps` by the shared token bucket,
    so throughput grows, then bends where the PS link saturates. Plot: artifacts/bench-runtime/
@@ -53,10 +54,12 @@ class _StepClock:
         self.comm_end_s[step] = time.monotonic()
 
 
-def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[float, float, list[float]]:
-    """Plain-loop and runtime samples/s, and the per-round ratios. The machine is shared, so the
-    two alternate: each round runs `steps` plain steps, then the real worker loop (in this
-    process, against a PS process over gloo) for `steps` steps; the first step of each is warm-up."""
+def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], list[float]]:
+    """Per-step seconds of the plain loop and of the runtime worker. The machine is shared and its
+    load changes by the second, so the two alternate: each round runs `steps` plain steps, then
+    the real worker loop (in this process, against a PS process over gloo) for `steps` steps; the
+    first step of each is warm-up and not counted. A runtime step is compute + push + pull, from
+    one step's end of communication to the next."""
     import torch
 
     from tasks.runtime.worker import WorkerConfig, run_worker
@@ -72,8 +75,8 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[float, float, li
     run = driver.start_run(provider, "overhead", OVERHEAD_WORKLOAD, workload_options=OVERHEAD_OPTIONS,
                            ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
     host, port = run.ps_address.rsplit(":", 1)
-    plain_s = runtime_s = 0.0
-    ratios = []
+    plain_step_s: list[float] = []
+    runtime_step_s: list[float] = []
     try:
         for _ in range(rounds):
             ends = []
@@ -84,24 +87,20 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[float, float, li
                 loss.backward()
                 optimizer.step()
                 ends.append(time.monotonic())
-            plain_round_s = ends[-1] - ends[0]
+            plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
             clock = _StepClock()
             run_worker(WorkerConfig(host, int(port), OVERHEAD_WORKLOAD, OVERHEAD_BATCH, OVERHEAD_OPTIONS,
                                     instance_type=WORKER_TYPE, max_steps=steps + 1), listener=clock)
-            runtime_round_s = clock.comm_end_s[steps] - clock.comm_end_s[0]
-            ratios.append(plain_round_s / runtime_round_s)
-            plain_s += plain_round_s
-            runtime_s += runtime_round_s
+            runtime_step_s += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
         driver.stop_run(run)
     finally:
         provider.cleanup(run.run_id)
-    samples = rounds * steps * OVERHEAD_BATCH
-    return samples / plain_s, samples / runtime_s, ratios
+    return plain_step_s, runtime_step_s
 
 
-def throughput_by_workers(artifacts: Path, window_s: float) -> tuple[dict[str, float], float]:
-    """Samples/s of the cluster at 1..MAX_WORKERS workers, and the parameter megabytes moved per
-    push (and per pull)."""
+def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float) -> tuple[dict[str, float], float]:
+    """Samples/s of the cluster at each worker count (ascending; workers are added to reach the
+    next count, launched together), and the parameter megabytes moved per push (and per pull)."""
     import torch  # noqa: F401  (the driver validates the workload, which builds it)
 
     from tasks.runtime import wire
@@ -113,8 +112,8 @@ def throughput_by_workers(artifacts: Path, window_s: float) -> tuple[dict[str, f
                            ps_type=WORKER_TYPE, ps_mbps=PS_BANDWIDTH_MBPS, checkpoint_every_s=3600.0)
     result: dict[str, float] = {}
     try:
-        for n in range(1, MAX_WORKERS + 1):
-            driver.add_workers(run, WORKER_TYPE, 1, SCALING_BATCH, plan_id=f"w{n}")
+        for n in counts:
+            driver.add_workers(run, WORKER_TYPE, n - len(run.progress().workers), SCALING_BATCH, plan_id=f"w{n}")
             driver.wait_for(run, lambda p: len(p.workers) == n and min(w.updates for w in p.workers.values()) >= 2,
                             timeout_s=120)
             start_t = time.time()
@@ -159,12 +158,14 @@ def run_bench(quick: bool) -> dict:
     artifacts = REPO / "artifacts" / "bench-runtime"
     stamp = time.strftime("%Y%m%dT%H%M%S")
     runs = artifacts / stamp
-    plain, runtime, ratios = overhead(runs, rounds=6 if quick else 20, steps=2 if quick else 3)
-    by_workers, param_mb = throughput_by_workers(runs, window_s=3.0 if quick else 10.0)
+    plain_step_s, runtime_step_s = overhead(runs, rounds=5 if quick else 20, steps=2 if quick else 3)
+    plain, runtime = OVERHEAD_BATCH / statistics.median(plain_step_s), OVERHEAD_BATCH / statistics.median(runtime_step_s)
+    counts = [1, 2, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
+    by_workers, param_mb = throughput_by_workers(runs, counts, window_s=3.0 if quick else 10.0)
     result = {
         "overhead_ratio": runtime / plain,
-        "overhead_ratio_by_round": ratios,
-        "overhead_ratio_median": statistics.median(ratios),
+        "overhead_ratio_of_totals": sum(plain_step_s) / sum(runtime_step_s),
+        "overhead_steps_each": len(plain_step_s),
         "plain_samples_per_s": plain,
         "runtime_one_worker_samples_per_s": runtime,
         "overhead_workload": f"{OVERHEAD_WORKLOAD} width {OVERHEAD_OPTIONS['width']}, batch {OVERHEAD_BATCH}",
@@ -186,7 +187,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"overhead ({result['overhead_workload']}): runtime 1 worker {result['runtime_one_worker_samples_per_s']:.1f} "
         f"samples/s / plain loop {result['plain_samples_per_s']:.1f} = {result['overhead_ratio']:.3f} "
-        f"(median of {len(result['overhead_ratio_by_round'])} rounds {result['overhead_ratio_median']:.3f})",
+        f"(median step times, {result['overhead_steps_each']} steps each; of total times "
+        f"{result['overhead_ratio_of_totals']:.3f})",
         f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
         f"PS cap {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):",
         "  workers  samples/s",

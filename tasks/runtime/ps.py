@@ -135,12 +135,11 @@ class ParameterServer:
         with self.lock:
             if self.stopping:
                 return False
-            n_params = sum(p.numel() for p in self.params)
             offset = 0
             for p in self.params:
                 p.grad = push[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-            wire.unflatten_into(push[n_params:], self.tensors[len(self.params):])
+            wire.unflatten_into(push[offset:], self.tensors[len(self.params):])
             lr = self.workload.lr_for_batch(batch_size)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr

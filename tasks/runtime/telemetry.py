@@ -4,8 +4,8 @@ File: <run_dir>/telemetry.jsonl, one JSON object a line, appended and flushed as
 Every record has `t` (epoch seconds) and `kind`:
 - `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
   iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
-  instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker),
-  wait_s (what the emulated network shaping added at the PS for this update), base_version (the
+  instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker;
+  null on its first), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update).
