@@ -117,8 +117,8 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
         time.sleep(0.5)
         killed_at = max(u["version"] for u in _updates(run.run_dir))
         checkpointed = max(r["version"] for r in read_records(run.run_dir) if r["kind"] == "checkpoint")
-        port = int(run.ps_address.rsplit(":", 1)[1])
-        run2 = _start(provider, "psfail", port=port, checkpoint_every_updates=interval, plan_id="ps-restart")
+        run2 = driver.restart_ps(run, plan_id="ps-restart")
+        assert run2.ps_address == run.ps_address
         progress = driver.wait_for(run2, lambda p: p.resumes == 1 and p.updates_total >= checkpointed + 5, 90)
         driver.stop_run(run2)
     finally:

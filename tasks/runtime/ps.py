@@ -38,6 +38,7 @@ from tasks.runtime.workloads import build_workload, parse_options
 
 STOP_FILE = "STOP"
 READY_FILE = "ps.json"
+POLL_S = 0.1  # the main loop's period (joins, checkpoints, stop): each poll costs a store round trip
 
 
 @dataclass
@@ -245,7 +246,7 @@ class ParameterServer:
                 self.request_stop("stop_file")
             if c.watch_pid and not pid_alive(c.watch_pid):
                 self.request_stop("orchestrator_gone")
-            time.sleep(0.02)
+            time.sleep(POLL_S)
         self.write_checkpoint()
         deadline_s = time.monotonic() + c.stop_grace_s
         for thread in self._handlers:  # workers hear "stop" at their next exchange
