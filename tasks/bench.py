@@ -12,6 +12,7 @@ BENCHES = {
     "aws": "tasks.providers.aws_bench",
     "planner": "tasks.planner.bench",
     "market": "tasks.market.bench",
+    "runtime": "tasks.runtime.bench",
 }
 
 

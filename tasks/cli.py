@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "tasks.pipeline.commands",
     "tasks.cleanup",
     "tasks.market.simulate",
+    "tasks.runtime.commands",
 ]
 
 
