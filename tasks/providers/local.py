@@ -1,0 +1,354 @@
+"""The `local` provider: an emulated spot cloud on this machine.
+
+Each instance is a local process (its Startup argv; "python" means this interpreter) started in
+its own process group, with its output in <artifacts>/<run-id>/logs/<instance-id>.log. Its
+instance type shapes it: the provider passes SPOTFILL_INSTANCE_ID, SPOTFILL_INSTANCE_TYPE,
+SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the PS shapes its
+traffic to it, times `bandwidth_scale`), SPOTFILL_NOTICE_FILE and, if set,
+SPOTFILL_REFERENCE_COMPUTE_S in the environment.
+
+The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
+rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
+a LocalProvider starts is also killed when the starting process exits (atexit) or gets
+SIGTERM/SIGINT.
+
+Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
+records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
+process group) if it has not left by then (`revoked` event). `replay_trace` does the same from a
+real trace (tasks.providers.traces), time-scaled: at every drop of the trace's live count, that
+many of the run's running spot workers get a notice.
+
+Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
+speeds) with GPU and network facts from profiles/local-instance-facts.json. Relative speed is a
+type's samples per second (gpus * batch_per_gpu / compute_time_s) over the fastest type's.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tasks.errors import UserInputError
+from tasks.providers.base import (
+    Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Role, Startup,
+)
+from tasks.providers.traces import load_trace, revocations
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
+FACTS = REPO / "profiles" / "local-instance-facts.json"
+TABLE = "instances.json"
+
+
+def _network_mbps(text: str) -> float:
+    """'Up to 25 Gigabit' -> 25000."""
+    m = re.search(r"([\d.]+)\s*Gigabit", text)
+    return float(m.group(1)) * 1000 if m else 1000.0
+
+
+def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceType], dict[str, float]]:
+    """The shipped profile's instance types and their relative speeds."""
+    profile = json.loads(profile_path.read_text())
+    facts = {f["instance_type"]: f for f in json.loads(FACTS.read_text())["types"]}
+    types, throughput = [], {}
+    for p in profile["instances"]:
+        f = facts.get(p["type"], {})
+        types.append(InstanceType(
+            name=p["type"], gpus=p["gpus"], gpu_model=f.get("GPU_model", "unknown"),
+            gpu_memory_gb=float(f.get("GPU_memory", 0)), network_mbps=_network_mbps(f.get("network_performance", "")),
+            on_demand_usd_per_h=p["on_demand_price"], spot_usd_per_h=p["spot_price"],
+        ))
+        throughput[p["type"]] = p["gpus"] * p["batch_per_gpu"] / p["compute_time_s"]
+    fastest = max(throughput.values())
+    return types, {name: value / fastest for name, value in throughput.items()}
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks (tells a reused pid apart); None if gone/zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(
+        self,
+        artifacts_dir: Path = REPO / "artifacts",
+        types: list[InstanceType] | None = None,
+        relative_speed: dict[str, float] | None = None,
+        *,
+        bandwidth_scale: float = 1.0,
+        reference_compute_s: float | None = None,
+        terminate_grace_s: float = 10.0,
+    ):
+        if types is None:
+            types, default_speed = default_types()
+            relative_speed = relative_speed or default_speed
+        self.types = {t.name: t for t in types}
+        self.relative_speed = relative_speed or {t.name: 1.0 for t in types}
+        self.artifacts_dir = Path(artifacts_dir)
+        self.bandwidth_scale = bandwidth_scale
+        self.reference_compute_s = reference_compute_s
+        self.terminate_grace_s = terminate_grace_s
+        self.capacity: dict[str, int] = {}  # type -> instances the emulated market has now (traces)
+        self._lock = threading.RLock()
+        self._children: dict[int, subprocess.Popen] = {}
+        self._timers: list[threading.Timer] = []
+        atexit.register(self.kill_all_started)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous = signal.getsignal(sig)
+                signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
+
+    # ------------------------------------------------------------ the table
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.artifacts_dir / run_id
+
+    def _load(self, run_id: str) -> dict:
+        path = self.run_dir(run_id) / TABLE
+        if not path.exists():
+            return {"instances": [], "events": [], "next_id": 0}
+        return json.loads(path.read_text())
+
+    def _save(self, run_id: str, table: dict) -> None:
+        path = self.run_dir(run_id) / TABLE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{TABLE}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        os.replace(tmp, path)
+
+    def _alive(self, row: dict) -> bool:
+        child = self._children.get(row["pid"])
+        if child is not None and child.poll() is not None:
+            return False
+        return _proc_start_ticks(row["pid"]) == row["start_ticks"]
+
+    def _settle(self, run_id: str, table: dict) -> bool:
+        """Mark exited processes terminated and take instances whose notice ran out."""
+        changed = False
+        now = time.time()
+        for row in table["instances"]:
+            if row["state"] == "terminated":
+                continue
+            deadline = row.get("notice_deadline_s")
+            if deadline is not None and now >= deadline:
+                if self._alive(row):
+                    _kill_group(row["pid"], signal.SIGKILL)
+                table["events"].append(asdict(ProviderEvent("revoked", row["instance_id"], now)))
+                row["state"] = "terminated"
+                changed = True
+            elif not self._alive(row):
+                row["state"] = "terminated"
+                changed = True
+        return changed
+
+    # ------------------------------------------------------------ the interface
+
+    def list_types(self) -> list[InstanceType]:
+        return list(self.types.values())
+
+    def launch(self, run_id: str, plan_id: str, instance_type: str, count: int, *, role: Role = "worker",
+               market: Market = "spot", startup: Startup | None = None) -> LaunchResult:
+        if instance_type not in self.types:
+            raise UserInputError(f"unknown instance type {instance_type!r}; local offers {', '.join(self.types)}")
+        if startup is None:
+            raise UserInputError("the local provider needs a Startup: an instance is its process")
+        if count < 0:
+            raise UserInputError(f"instance count must be zero or more, got {count}")
+        with self._lock:
+            table = self._load(run_id)
+            self._settle(run_id, table)
+            mine = [r for r in table["instances"] if (r["plan_id"], r["type"], r["role"]) == (plan_id, instance_type, role)]
+            if mine:  # a retry: what the first call started
+                self._save(run_id, table)
+                return LaunchResult([self._instance(r) for r in mine])
+            unavailable = None
+            if market == "spot" and instance_type in self.capacity:
+                running = sum(1 for r in table["instances"] if r["type"] == instance_type
+                              and r["market"] == "spot" and r["state"] != "terminated")
+                free = max(0, self.capacity[instance_type] - running)
+                if free < count:
+                    unavailable = f"{instance_type}: the spot market has {free} free, asked {count}"
+                    count = free
+            started = [self._start(run_id, table, plan_id, instance_type, role, market, startup) for _ in range(count)]
+            self._save(run_id, table)
+            return LaunchResult([self._instance(r) for r in started], unavailable)
+
+    def _start(self, run_id, table, plan_id, instance_type, role, market, startup) -> dict:
+        instance_id = f"local-{table['next_id']:04d}"
+        table["next_id"] += 1
+        run_dir = self.run_dir(run_id)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "notices").mkdir(parents=True, exist_ok=True)
+        notice_file = run_dir / "notices" / instance_id
+        itype = self.types[instance_type]
+        env = {
+            **os.environ, **startup.env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "SPOTFILL_INSTANCE_ID": instance_id,
+            "SPOTFILL_INSTANCE_TYPE": instance_type,
+            "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
+            "SPOTFILL_NIC_MBPS": repr(itype.network_mbps * self.bandwidth_scale),
+            "SPOTFILL_NOTICE_FILE": str(notice_file),
+        }
+        if self.reference_compute_s:
+            env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
+        argv = [sys.executable if a == "python" else a for a in startup.argv]
+        log = open(run_dir / "logs" / f"{instance_id}.log", "ab")
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self._children[proc.pid] = proc
+        row = {
+            "instance_id": instance_id, "type": instance_type, "role": role, "market": market,
+            "state": "running", "run_id": run_id, "plan_id": plan_id, "address": "127.0.0.1",
+            "launched_at_s": time.time(), "pid": proc.pid, "start_ticks": _proc_start_ticks(proc.pid),
+            "notice_file": str(notice_file), "notice_deadline_s": None,
+        }
+        table["instances"].append(row)
+        return row
+
+    @staticmethod
+    def _instance(row: dict) -> Instance:
+        return Instance(row["instance_id"], row["type"], row["role"], row["market"], row["state"],
+                        row["run_id"], row["plan_id"], row["address"], row["launched_at_s"])
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        """SIGTERM each instance's process group (a worker leaves after its current step), then
+        SIGKILL what is still there after terminate_grace_s."""
+        wanted = set(instance_ids)
+        for run_id in self._runs():
+            with self._lock:
+                table = self._load(run_id)
+                rows = [r for r in table["instances"] if r["instance_id"] in wanted and r["state"] != "terminated"]
+                if not rows:
+                    continue
+                for r in rows:
+                    if self._alive(r):
+                        _kill_group(r["pid"], signal.SIGTERM)
+                deadline_s = time.monotonic() + self.terminate_grace_s
+                while time.monotonic() < deadline_s and any(self._alive(r) for r in rows):
+                    time.sleep(0.05)
+                for r in rows:
+                    _kill_group(r["pid"], signal.SIGKILL)
+                    child = self._children.pop(r["pid"], None)
+                    if child is not None:
+                        child.wait(timeout=10)
+                    r["state"] = "terminated"
+                self._save(run_id, table)
+
+    def _runs(self) -> list[str]:
+        if not self.artifacts_dir.is_dir():
+            return []
+        return [p.parent.name for p in self.artifacts_dir.glob(f"*/{TABLE}")]
+
+    def describe(self, run_id: str) -> list[Instance]:
+        with self._lock:
+            table = self._load(run_id)
+            if self._settle(run_id, table):
+                self._save(run_id, table)
+            return [self._instance(r) for r in table["instances"] if r["state"] != "terminated"]
+
+    def poll_events(self, run_id: str) -> list[ProviderEvent]:
+        with self._lock:
+            table = self._load(run_id)
+            self._settle(run_id, table)
+            events = [ProviderEvent(**e) for e in table["events"]]
+            table["events"] = []
+            self._save(run_id, table)
+            return events
+
+    def pid_of(self, run_id: str, instance_id: str) -> int:
+        """The process id behind an instance (fault injection in tests and demos)."""
+        return next(r["pid"] for r in self._load(run_id)["instances"] if r["instance_id"] == instance_id)
+
+    # ------------------------------------------------------------ revocations
+
+    def inject_revocation(self, run_id: str, instance_id: str, notice_s: float) -> ProviderEvent:
+        """Give the instance a revocation notice; it is taken `notice_s` seconds later."""
+        with self._lock:
+            table = self._load(run_id)
+            row = next((r for r in table["instances"] if r["instance_id"] == instance_id), None)
+            if row is None or row["state"] == "terminated":
+                raise UserInputError(f"no running instance {instance_id} in run {run_id}")
+            now = time.time()
+            event = ProviderEvent("revocation_notice", instance_id, now, now + notice_s)
+            Path(row["notice_file"]).write_text(json.dumps({"deadline_s": event.deadline_s}))
+            row["state"] = "notice"
+            row["notice_deadline_s"] = event.deadline_s
+            table["events"].append(asdict(event))
+            self._save(run_id, table)
+        timer = threading.Timer(notice_s, self.describe, args=(run_id,))  # takes it at the deadline
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+        return event
+
+    def replay_trace(self, run_id: str, trace_path: Path, time_scale: float, notice_s: float,
+                     instance_type: str | None = None) -> threading.Thread:
+        """Replay a trace's revocations against this run's spot workers, `time_scale` trace seconds
+        per real second, in a background thread (returned; it stops when the trace ends)."""
+        drops = revocations(load_trace(trace_path))
+        start_s = time.monotonic()
+
+        def replay() -> None:
+            for at_s, taken in drops:
+                delay_s = at_s / time_scale - (time.monotonic() - start_s)
+                if delay_s > 0:
+                    time.sleep(delay_s)
+                victims = [i for i in self.describe(run_id) if i.role == "worker" and i.market == "spot"
+                           and i.state == "running" and instance_type in (None, i.type)]
+                for victim in victims[-taken:] if taken else []:
+                    self.inject_revocation(run_id, victim.instance_id, notice_s)
+
+        thread = threading.Thread(target=replay, daemon=True, name=f"trace-{run_id}")
+        thread.start()
+        return thread
+
+    # ------------------------------------------------------------ no leaks
+
+    def kill_all_started(self) -> None:
+        """Kill every process group this provider object started (atexit, signals)."""
+        for timer in self._timers:
+            timer.cancel()
+        for pid, child in list(self._children.items()):
+            if child.poll() is None:
+                _kill_group(pid, signal.SIGKILL)
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._children.clear()
+
+    def _on_signal(self, signum, frame, previous) -> None:
+        self.kill_all_started()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,145 @@
+"""The plain-Python API the flows call to run training on a provider.
+
+    provider = LocalProvider()
+    run = start_run(provider, "run-1", "resnet20", ps_type="p3.2xlarge", max_updates=500)
+    add_workers(run, "g4dn.4xlarge", 2, batch_size=64)
+    progress = wait_for(run, lambda p: p.samples_total >= 10_000, timeout_s=600)
+    final = stop_run(run)         # the PS stops, workers leave, every instance is terminated
+
+The PS runs as an on-demand instance of the provider; workers are spot instances whose Startup is
+`python -m tasks.runtime.worker --ps HOST:PORT --workload W --batch-size B ...`. Progress comes
+from the PS's telemetry (tasks.runtime.telemetry) while training runs.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tasks.errors import UserInputError
+from tasks.providers.base import Instance, LaunchResult, Provider, Startup
+from tasks.runtime.ps import READY_FILE, STOP_FILE
+from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
+from tasks.runtime.workloads import build_workload
+
+
+@dataclass
+class TrainingRun:
+    run_id: str
+    run_dir: Path
+    provider: Provider
+    ps_address: str  # host:port workers connect to
+    ps_instance: Instance
+    workload: str
+    workload_options: dict = field(default_factory=dict)
+    reader: TelemetryReader | None = None
+
+    def progress(self) -> ClusterProgress:
+        """Cluster totals so far: samples, updates, smoothed loss, per-worker step times."""
+        if self.reader is None:
+            self.reader = TelemetryReader(self.run_dir)
+        return self.reader.poll()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _option_args(options: dict) -> list[str]:
+    return [arg for key, value in options.items() for arg in ("--workload-opt", f"{key}={value}")]
+
+
+def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
+               checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
+               max_updates: int | None = None, target_loss: float | None = None) -> Startup:
+    argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
+            "--workload", workload, *_option_args(workload_options),
+            "--checkpoint-every-s", repr(checkpoint_every_s)]
+    for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
+                        ("--max-updates", max_updates), ("--target-loss", target_loss)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return Startup(tuple(argv))
+
+
+def start_run(provider: Provider, run_id: str, workload: str, *, workload_options: dict | None = None,
+              run_dir: Path | None = None, ps_type: str | None = None, port: int | None = None,
+              ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
+              checkpoint_every_updates: int | None = None, max_updates: int | None = None,
+              target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0) -> TrainingRun:
+    """Start the PS as an on-demand instance and wait until it listens. A run directory holding
+    checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
+    are idempotent per plan id) and the old port, so the workers find it again."""
+    workload_options = workload_options or {}
+    build_workload(workload, workload_options)  # a bad name fails here, before anything starts
+    if max_updates is not None and max_updates <= 0:
+        raise UserInputError(f"max_updates must be positive, got {max_updates}")
+    run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / READY_FILE).unlink(missing_ok=True)
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    port = port or free_port()
+    ps_type = ps_type or provider.list_types()[0].name
+    startup = ps_startup(run_dir, port, workload, workload_options, ps_mbps=ps_mbps,
+                         checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
+                         max_updates=max_updates, target_loss=target_loss)
+    launched = provider.launch(run_id, plan_id, ps_type, 1, role="ps", market="on-demand", startup=startup)
+    ps_instance = launched.instances[0]
+    deadline_s = time.monotonic() + ready_timeout_s
+    while not (run_dir / READY_FILE).exists():
+        if not any(i.instance_id == ps_instance.instance_id for i in provider.describe(run_id)):
+            raise RuntimeError(f"the parameter server exited during start-up; see {run_dir}/logs/")
+        if time.monotonic() > deadline_s:
+            provider.terminate([ps_instance.instance_id])
+            raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
+        time.sleep(0.05)
+    return TrainingRun(run_id, run_dir, provider, f"{ps_instance.address}:{port}", ps_instance,
+                       workload, workload_options)
+
+
+def worker_startup(run: TrainingRun, batch_size: int, extra_args: tuple[str, ...] = ()) -> Startup:
+    if batch_size <= 0:
+        raise UserInputError(f"batch size must be positive, got {batch_size}")
+    return Startup(("python", "-m", "tasks.runtime.worker", "--ps", run.ps_address, "--workload", run.workload,
+                    *_option_args(run.workload_options), "--batch-size", str(batch_size), *extra_args))
+
+
+def add_workers(run: TrainingRun, instance_type: str, count: int, batch_size: int, *, plan_id: str = "p0",
+                extra_args: tuple[str, ...] = ()) -> LaunchResult:
+    """Launch `count` spot workers of a type; (plan_id, type) makes the launch idempotent."""
+    return run.provider.launch(run.run_id, plan_id, instance_type, count, role="worker", market="spot",
+                               startup=worker_startup(run, batch_size, extra_args))
+
+
+def wait_for(run: TrainingRun, condition: Callable[[ClusterProgress], bool], timeout_s: float,
+             poll_s: float = 0.1) -> ClusterProgress:
+    """Poll the telemetry until `condition(progress)` holds or the PS stopped; TimeoutError after
+    timeout_s."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        progress = run.progress()
+        if condition(progress) or progress.stopped:
+            return progress
+        if time.monotonic() > deadline_s:
+            raise TimeoutError(f"run {run.run_id}: condition not met within {timeout_s:g} s "
+                               f"({progress.updates_total} updates, loss {progress.smoothed_loss})")
+        time.sleep(poll_s)
+
+
+def stop_run(run: TrainingRun, timeout_s: float = 60.0) -> ClusterProgress:
+    """Ask the PS to stop (workers hear it at their next exchange), wait for it, then terminate
+    every instance of the run."""
+    try:
+        (run.run_dir / STOP_FILE).touch()
+        deadline_s = time.monotonic() + timeout_s
+        while run.progress().stopped is None and time.monotonic() < deadline_s:
+            if not any(i.instance_id == run.ps_instance.instance_id for i in run.provider.describe(run.run_id)):
+                break
+            time.sleep(0.1)
+    finally:
+        run.provider.cleanup(run.run_id)
+    return run.progress()

@@ -1,0 +1,308 @@
+"""The parameter server: holds the parameters and optimizer state, applies each worker's gradient
+as it arrives (asynchronous SGD), and tracks per-worker staleness.
+
+One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
+applied exactly once and counted once. A worker's learning rate follows its batch size
+(Workload.lr_for_batch). The emulated network (shaping.Shaper) is applied here, where all traffic
+meets. The server checkpoints atomically every `checkpoint_every_s` seconds or
+`checkpoint_every_updates` updates, and on start resumes from the newest good checkpoint in
+<run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
+loss, a file <run_dir>/STOP, or SIGTERM/SIGINT; it then tells each worker to stop at its next
+exchange and writes a final checkpoint.
+
+Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
+When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tasks.errors import UserInputError
+from tasks.runtime import checkpoint, wire
+from tasks.runtime.shaping import Shaper
+from tasks.runtime.telemetry import TelemetryWriter
+from tasks.runtime.workloads import build_workload, parse_options
+
+STOP_FILE = "STOP"
+READY_FILE = "ps.json"
+
+
+@dataclass
+class PsConfig:
+    run_dir: Path
+    port: int
+    workload: str
+    workload_options: dict = field(default_factory=dict)
+    ps_mbps: float | None = None  # emulated PS NIC cap (both directions); None: not limited
+    checkpoint_every_s: float = 30.0
+    checkpoint_every_updates: int | None = None
+    max_updates: int | None = None
+    target_loss: float | None = None
+    loss_smoothing: float = 0.1
+    op_timeout_s: float = 300.0
+    stop_grace_s: float = 10.0
+
+
+class ParameterServer:
+    def __init__(self, config: PsConfig):
+        self.config = config
+        self.workload = build_workload(config.workload, config.workload_options)
+        self.model = self.workload.model
+        self.tensors = wire.synced_tensors(self.model)
+        self.params = list(self.model.parameters())
+        self.optimizer = self.workload.make_optimizer(self.params)
+        self.flat_size = wire.flat_size(self.model)
+        self.lock = threading.Lock()
+        self.version = 0
+        self.updates_total = 0
+        self.samples_total = 0
+        self.smoothed_loss: float | None = None
+        self.next_worker_id = 0
+        self.stopping: str | None = None
+        self.shaper = Shaper(config.ps_mbps)
+        self.telemetry = TelemetryWriter(config.run_dir)
+        self.checkpoint_dir = config.run_dir / "checkpoints"
+        self._handlers: list[threading.Thread] = []
+        self._last_checkpoint_version = -1
+
+    # ------------------------------------------------------------ state and checkpoints
+
+    def resume(self) -> bool:
+        """Load the newest good checkpoint, if any; True when resumed."""
+        state = checkpoint.load_latest(
+            self.checkpoint_dir,
+            on_corrupt=lambda path, err: (
+                self.telemetry.write("corrupt_checkpoint", path=str(path), error=err),
+                sys.stderr.write(f"spotfill ps: {err}; using the previous checkpoint\n"),
+            ),
+        )
+        if state is None:
+            return False
+        if (state["workload"], state["workload_options"]) != (self.config.workload, self.config.workload_options):
+            raise UserInputError(
+                f"checkpoint in {self.checkpoint_dir} is for workload {state['workload']} "
+                f"{state['workload_options']}, not {self.config.workload} {self.config.workload_options}"
+            )
+        wire.unflatten_into(state["params"], self.tensors)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.updates_total = state["updates_total"]
+        self.samples_total = state["samples_total"]
+        self.smoothed_loss = state["smoothed_loss"]
+        self.next_worker_id = state["next_worker_id"]
+        self._last_checkpoint_version = self.version
+        self.telemetry.write("resume", version=self.version, updates_total=self.updates_total,
+                             samples_total=self.samples_total)
+        return True
+
+    def write_checkpoint(self) -> None:
+        with self.lock:
+            if self.version == self._last_checkpoint_version:
+                return
+            state = {
+                "workload": self.config.workload,
+                "workload_options": self.config.workload_options,
+                "params": wire.flatten_state(self.model),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "version": self.version,
+                "updates_total": self.updates_total,
+                "samples_total": self.samples_total,
+                "smoothed_loss": self.smoothed_loss,
+                "next_worker_id": self.next_worker_id,
+            }
+            self._last_checkpoint_version = self.version
+        path = checkpoint.save_checkpoint(self.checkpoint_dir, state["version"], state)
+        self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
+                             samples_total=state["samples_total"], path=str(path))
+
+    def apply(self, worker_id: int, instance_type: str, header: torch.Tensor, push: torch.Tensor, batch_size: int) -> bool:
+        """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
+        _, step, samples, loss, base_version, compute_s, comm_s, _ = header.tolist()
+        with self.lock:
+            if self.stopping:
+                return False
+            n_params = sum(p.numel() for p in self.params)
+            offset = 0
+            for p in self.params:
+                p.grad = push[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            wire.unflatten_into(push[n_params:], self.tensors[len(self.params):])
+            lr = self.workload.lr_for_batch(batch_size)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            staleness = self.version - int(base_version)
+            self.version += 1
+            self.updates_total += 1
+            self.samples_total += int(samples)
+            a = self.config.loss_smoothing
+            self.smoothed_loss = loss if self.smoothed_loss is None else (1 - a) * self.smoothed_loss + a * loss
+            self.telemetry.write(
+                "update", worker=worker_id, instance_type=instance_type, step=int(step), samples=int(samples),
+                loss=loss, compute_s=compute_s, comm_s=comm_s if comm_s >= 0 else None,
+                base_version=int(base_version), version=self.version, staleness=staleness, lr=lr,
+                samples_total=self.samples_total, updates_total=self.updates_total,
+            )
+            c = self.config
+            if c.max_updates is not None and self.updates_total >= c.max_updates:
+                self.stopping = "max_updates"
+            elif c.target_loss is not None and self.smoothed_loss <= c.target_loss:
+                self.stopping = "target_loss"
+            return True
+
+    # ------------------------------------------------------------ serving
+
+    def _serve_worker(self, store, worker_id: int) -> None:
+        """Talk to one worker until it leaves, the PS stops, or the connection breaks."""
+        reason = "lost"
+        try:
+            desc = json.loads(store.get(f"join/{worker_id}"))
+            link = wire.Link(store, worker_id, 0, self.config.op_timeout_s)
+        except Exception as err:  # the worker vanished while joining
+            self.telemetry.write("leave", worker=worker_id, reason="lost", error=str(err)[:200])
+            return
+        instance_type = desc.get("instance_type", "")
+        self.shaper.add_worker(worker_id, desc.get("nic_mbps"))
+        self.telemetry.write("join", worker=worker_id, instance_type=instance_type, instance_id=desc.get("instance_id"),
+                             batch_size=desc["batch_size"], nic_mbps=desc.get("nic_mbps"))
+        header = wire.new_header()
+        push = torch.empty(self.flat_size)
+        nbytes = push.numel() * push.element_size()
+        try:
+            while True:
+                link.recv(header)
+                kind = header[0].item()
+                if kind == wire.LEAVE:
+                    reason = wire.LEAVE_REASONS.get(header[7].item(), "done")
+                    return
+                applied = False
+                if kind == wire.PUSH:
+                    link.recv(push)
+                    self.shaper.transfer(worker_id, nbytes)
+                    applied = self.apply(worker_id, instance_type, header, push, desc["batch_size"])
+                reply = wire.new_header()
+                reply[3] = 1.0 if applied else 0.0
+                with self.lock:
+                    stopping = self.stopping
+                    reply[1] = self.version
+                    reply[2] = self.workload.lr_for_batch(desc["batch_size"])
+                    params = None if stopping else wire.flatten_state(self.model)
+                if stopping:
+                    reply[0] = wire.STOP
+                    link.send(reply)
+                    reason = "ps_stop"
+                    return
+                reply[0] = wire.CONTINUE
+                self.shaper.transfer(worker_id, nbytes)
+                link.send(reply)
+                link.send(params)
+        except RuntimeError:
+            reason = "lost"
+        finally:
+            self.shaper.remove_worker(worker_id)
+            self.telemetry.write("leave", worker=worker_id, reason=reason)
+
+    def serve(self) -> str:
+        """Accept workers and checkpoint until stopped; returns the stop reason."""
+        c = self.config
+        store = wire.host_store(c.port, c.op_timeout_s)
+        if self.next_worker_id:
+            store.add(wire.COUNTER_KEY, self.next_worker_id)  # ids stay unique across restarts
+        _write_json_atomic(c.run_dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
+        accepted = self.next_worker_id
+        last_checkpoint_s = time.monotonic()
+        last_checkpoint_updates = self.updates_total
+        stop_file = c.run_dir / STOP_FILE
+        while not self.stopping:
+            registered = int(store.add(wire.COUNTER_KEY, 0))
+            while accepted < registered:
+                accepted += 1
+                with self.lock:
+                    self.next_worker_id = accepted
+                thread = threading.Thread(target=self._serve_worker, args=(store, accepted), daemon=True)
+                thread.start()
+                self._handlers.append(thread)
+            due_by_time = time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s
+            due_by_updates = (c.checkpoint_every_updates is not None
+                              and self.updates_total - last_checkpoint_updates >= c.checkpoint_every_updates)
+            if due_by_time or due_by_updates:
+                self.write_checkpoint()
+                last_checkpoint_s = time.monotonic()
+                last_checkpoint_updates = self.updates_total
+            if stop_file.exists():
+                with self.lock:
+                    self.stopping = self.stopping or "stop_file"
+            time.sleep(0.02)
+        self.write_checkpoint()
+        deadline_s = time.monotonic() + c.stop_grace_s
+        for thread in self._handlers:  # workers hear "stop" at their next exchange
+            thread.join(timeout=max(0.0, deadline_s - time.monotonic()))
+        self.telemetry.write("stop", reason=self.stopping, version=self.version,
+                             updates_total=self.updates_total, samples_total=self.samples_total)
+        self.telemetry.close()
+        return self.stopping
+
+    def request_stop(self, reason: str) -> None:
+        self.stopping = self.stopping or reason
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tasks.cli import OneLineParser
+    from tasks.cli_args import positive_float
+
+    p = OneLineParser(prog="python -m tasks.runtime.ps", description="spotfill parameter server")
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
+    p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
+    p.add_argument("--checkpoint-every-updates", type=int, default=None)
+    p.add_argument("--max-updates", type=int, default=None)
+    p.add_argument("--target-loss", type=positive_float, default=None)
+    p.add_argument("--stop-grace-s", type=positive_float, default=10.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        config = PsConfig(
+            run_dir=args.run_dir, port=args.port, workload=args.workload,
+            workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
+            checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
+            max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
+        )
+        server = ParameterServer(config)
+        server.resume()
+    except UserInputError as err:
+        sys.stderr.write(f"spotfill ps: error: {err}\n")
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop("signal"))
+    reason = server.serve()
+    sys.stderr.write(f"spotfill ps: stopped ({reason}) at version {server.version}\n")
+    sys.stdout.flush()
+    os._exit(0)  # handler threads may still sit in a gloo recv from a silent worker
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

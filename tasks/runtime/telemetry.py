@@ -1,0 +1,144 @@
+"""Training telemetry as JSON lines, written by the PS and read by the orchestrator while it runs.
+
+File: <run_dir>/telemetry.jsonl, one JSON object a line, appended and flushed as events happen.
+Every record has `t` (epoch seconds) and `kind`:
+- `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
+  iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
+  instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker),
+  wait_s (what the emulated network shaping added at the PS for this update), base_version (the
+  version the gradient was computed on), version (the PS version after applying it),
+  staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
+  after this update).
+- `join` / `leave`: a worker's membership. `leave` has reason: "notice", "stop", "terminated",
+  "lost" (the connection broke: the worker died), "ps_stop"; a reader marks workers still
+  connected at a `resume` as left with "ps_restart".
+- `checkpoint`: version, samples_total, path. `resume`: the PS restarted from a checkpoint
+  (version, samples_total); totals continue from there: updates after that checkpoint and before
+  the crash are gone.
+- `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
+- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal).
+A reader tolerates a half-written last line (it is read again on the next poll).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FILE_NAME = "telemetry.jsonl"
+
+
+class TelemetryWriter:
+    """Appends records; thread-safe (the PS has a thread per worker)."""
+
+    def __init__(self, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / FILE_NAME
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, kind: str, **fields) -> None:
+        record = {"t": time.time(), "kind": kind, **fields}
+        line = json.dumps(record, allow_nan=False) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+@dataclass
+class WorkerStats:
+    instance_type: str = ""
+    updates: int = 0
+    samples: int = 0
+    last_step_s: float | None = None  # compute_s + comm_s of its latest reported iteration
+    max_staleness: int = 0
+    left: str | None = None  # the leave reason, once it left
+
+
+@dataclass
+class ClusterProgress:
+    """Cluster totals as the orchestrator sees them, from the telemetry so far."""
+
+    updates_total: int = 0
+    samples_total: int = 0
+    smoothed_loss: float | None = None  # exponential moving average of update losses
+    version: int = 0
+    resumes: int = 0
+    stopped: str | None = None  # the PS's stop reason, once it stopped
+    first_update_t: float | None = None
+    last_update_t: float | None = None
+    workers: dict[int, WorkerStats] = field(default_factory=dict)
+
+    def active_workers(self) -> list[int]:
+        return [w for w, s in self.workers.items() if s.left is None]
+
+
+class TelemetryReader:
+    """Tails the telemetry file: each `poll()` reads what was appended since the last one."""
+
+    def __init__(self, run_dir: Path, loss_smoothing: float = 0.1):
+        self.path = Path(run_dir) / FILE_NAME
+        self.loss_smoothing = loss_smoothing
+        self.progress = ClusterProgress()
+        self.records: list[dict] = []
+        self._offset = 0
+
+    def poll(self) -> ClusterProgress:
+        if not self.path.exists():
+            return self.progress
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
+        self._offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                record = json.loads(line)
+                self.records.append(record)
+                self._apply(record)
+        return self.progress
+
+    def _apply(self, r: dict) -> None:
+        p = self.progress
+        kind = r["kind"]
+        if kind == "update":
+            p.updates_total = r["updates_total"]
+            p.samples_total = r["samples_total"]
+            p.version = r["version"]
+            a = self.loss_smoothing
+            p.smoothed_loss = r["loss"] if p.smoothed_loss is None else (1 - a) * p.smoothed_loss + a * r["loss"]
+            p.first_update_t = p.first_update_t or r["t"]
+            p.last_update_t = r["t"]
+            w = p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"]))
+            w.updates += 1
+            w.samples += r["samples"]
+            w.max_staleness = max(w.max_staleness, r["staleness"])
+            if r["comm_s"] is not None:
+                w.last_step_s = r["compute_s"] + r["comm_s"]
+        elif kind == "join":
+            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"]))
+        elif kind == "leave":
+            p.workers.setdefault(r["worker"], WorkerStats()).left = r["reason"]
+        elif kind == "resume":
+            for w in p.active_workers():  # their connections died with the old PS
+                p.workers[w].left = "ps_restart"
+            p.resumes += 1
+            p.version = r["version"]
+            p.samples_total = r["samples_total"]
+            p.updates_total = r["updates_total"]
+            p.stopped = None
+        elif kind == "stop":
+            p.stopped = r["reason"]
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """Every complete record of a run, in order."""
+    reader = TelemetryReader(run_dir)
+    reader.poll()
+    return reader.records

@@ -1,0 +1,267 @@
+"""The worker loop: pull parameters, compute a gradient on its own batch, push it, repeat.
+
+Each iteration calls the PhaseListener's four methods: compute (forward/backward) is
+compute_start..compute_end, communication (push gradient, pull parameters) is comm_start..comm_end.
+
+Emulated instance speed: the worker measures the real compute time of each iteration and pads it
+(sleeps) to `reference_compute_s / relative_speed`, or to `measured / relative_speed` when no
+reference is given: an instance type with relative speed 0.5 computes half as fast as the
+reference. Compute that is already slower than the target is not padded.
+
+Leaving: when the notice file appears (a revocation notice) or on SIGTERM/SIGINT, the worker
+finishes its current iteration (its gradient is pushed and counted), tells the PS it leaves, and
+exits 0. When the PS connection breaks, it rejoins under a fresh id for up to
+`reconnect_timeout_s` (a PS restart), then gives up with exit 1. An unreachable PS at start or bad
+input is one line on stderr and exit 2.
+
+Run: python -m tasks.runtime.worker --ps HOST:PORT --workload W --batch-size B [options]
+The local provider passes instance facts in the environment: SPOTFILL_INSTANCE_ID,
+SPOTFILL_INSTANCE_TYPE, SPOTFILL_RELATIVE_SPEED, SPOTFILL_NIC_MBPS, SPOTFILL_NOTICE_FILE,
+SPOTFILL_REFERENCE_COMPUTE_S (options given on the command line win).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tasks.errors import UserInputError
+from tasks.phases import NoListener, PhaseListener
+from tasks.runtime import wire
+from tasks.runtime.workloads import build_workload, parse_options
+
+
+@dataclass
+class WorkerConfig:
+    ps_host: str
+    ps_port: int
+    workload: str
+    batch_size: int
+    workload_options: dict = field(default_factory=dict)
+    instance_id: str = ""
+    instance_type: str = "local"
+    relative_speed: float = 1.0
+    reference_compute_s: float | None = None
+    nic_mbps: float | None = None
+    notice_file: Path | None = None
+    seed: int | None = None
+    device: str = "cpu"
+    connect_timeout_s: float = 30.0
+    reconnect_timeout_s: float = 60.0
+    op_timeout_s: float = 300.0
+    max_steps: int | None = None  # leave after this many iterations (tests, profiling)
+
+
+@dataclass
+class WorkerResult:
+    reason: str  # "stop" (PS said so), "notice", "terminated", "done" (max_steps)
+    steps: int
+    samples_accepted: int
+    rejoins: int
+
+
+class _LeaveFlag:
+    """Set from a signal handler: leave after the current iteration."""
+
+    def __init__(self):
+        self.reason: str | None = None
+
+    def set_terminated(self, *_):
+        self.reason = "terminated"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserInputError(f"PS address must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _connect(config: WorkerConfig, timeout_s: float) -> tuple[int, object, wire.Link]:
+    description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
+                   "batch_size": config.batch_size, "nic_mbps": config.nic_mbps, "pid": os.getpid()}
+    return wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
+
+
+def _pull(link: wire.Link, header: torch.Tensor, params: torch.Tensor) -> bool:
+    """Receive the PS's reply; True and `params` filled when told to continue."""
+    link.recv(header)
+    if header[0].item() == wire.STOP:
+        return False
+    link.recv(params)
+    return True
+
+
+def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
+    if config.batch_size <= 0:
+        raise UserInputError(f"batch size must be positive, got {config.batch_size}")
+    if config.relative_speed <= 0:
+        raise UserInputError(f"relative speed must be positive, got {config.relative_speed}")
+    listener = listener or NoListener()
+    leave_flag = leave_flag or _LeaveFlag()
+    workload = build_workload(config.workload, config.workload_options)
+    device = torch.device(config.device)
+    model = workload.model.to(device)
+    model.train()
+    tensors = wire.synced_tensors(model)
+    seed = config.seed if config.seed is not None else zlib.crc32(f"{config.instance_id}:{os.getpid()}".encode())
+    batches = workload.batches(config.batch_size, seed)
+    header = wire.new_header()
+    params = torch.empty(wire.flat_size(model))
+    try:
+        worker_id, store, link = _connect(config, config.connect_timeout_s)
+    except (RuntimeError, TimeoutError) as err:
+        raise UserInputError(
+            f"cannot reach the parameter server at {config.ps_host}:{config.ps_port} "
+            f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
+        ) from None
+
+    step = samples_accepted = rejoins = 0
+    comm_s = -1.0  # the previous iteration's push+pull; none before the first
+    base_version = 0
+    need_pull = True
+    while True:
+        try:
+            if need_pull:
+                header.zero_()
+                header[0] = wire.PULL
+                link.send(header)
+                if not _pull(link, header, params):
+                    return WorkerResult("stop", step, samples_accepted, rejoins)
+                wire.unflatten_into(params.to(device), tensors)
+                base_version = int(header[1].item())
+                need_pull = False
+            leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
+            if leave is None and config.max_steps is not None and step >= config.max_steps:
+                leave = "done"
+            if leave:
+                header.zero_()
+                header[0], header[7] = wire.LEAVE, wire.REASON_CODES[leave]
+                link.send(header)
+                return WorkerResult(leave, step, samples_accepted, rejoins)
+
+            listener.compute_start(step)
+            t0 = time.monotonic()
+            inputs, targets = next(batches)
+            loss = workload.loss_fn(model(inputs.to(device)), targets.to(device))
+            model.zero_grad(set_to_none=False)
+            loss.backward()
+            push = wire.flatten_push(model)
+            real_s = time.monotonic() - t0
+            target_s = (config.reference_compute_s or real_s) / config.relative_speed
+            if target_s > real_s:
+                time.sleep(target_s - real_s)
+            compute_s = time.monotonic() - t0
+            listener.compute_end(step)
+
+            listener.comm_start(step)
+            t1 = time.monotonic()
+            header.copy_(torch.tensor([wire.PUSH, step, config.batch_size, loss.item(), base_version,
+                                       compute_s, comm_s, 0.0], dtype=torch.float64))
+            link.send(header)
+            link.send(push)
+            more = _pull(link, header, params)
+            if header[3].item() == 1.0:
+                samples_accepted += config.batch_size
+            if not more:
+                listener.comm_end(step)
+                return WorkerResult("stop", step + 1, samples_accepted, rejoins)
+            wire.unflatten_into(params.to(device), tensors)
+            base_version = int(header[1].item())
+            comm_s = time.monotonic() - t1
+            listener.comm_end(step)
+            step += 1
+        except RuntimeError as err:  # the PS went away: rejoin when it is back
+            sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
+            deadline_s = time.monotonic() + config.reconnect_timeout_s
+            while True:
+                try:
+                    worker_id, store, link = _connect(config, min(5.0, config.reconnect_timeout_s))
+                    break
+                except (RuntimeError, TimeoutError):
+                    if time.monotonic() >= deadline_s:
+                        raise SystemExit(
+                            f"spotfill worker: the parameter server at {config.ps_host}:{config.ps_port} "
+                            f"did not come back within {config.reconnect_timeout_s:g} s"
+                        ) from None
+                    time.sleep(0.5)
+            rejoins += 1
+            need_pull = True
+            comm_s = -1.0
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tasks.cli import OneLineParser
+    from tasks.cli_args import positive_float
+
+    def positive_int(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        return value
+
+    p = OneLineParser(prog="python -m tasks.runtime.worker", description="spotfill training worker")
+    p.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--batch-size", type=positive_int, required=True)
+    p.add_argument("--instance-id", default=os.environ.get("SPOTFILL_INSTANCE_ID", ""))
+    p.add_argument("--instance-type", default=os.environ.get("SPOTFILL_INSTANCE_TYPE", "local"))
+    p.add_argument("--relative-speed", type=positive_float, default=_env_float("SPOTFILL_RELATIVE_SPEED") or 1.0)
+    p.add_argument("--reference-compute-s", type=positive_float, default=_env_float("SPOTFILL_REFERENCE_COMPUTE_S"))
+    p.add_argument("--nic-mbps", type=positive_float, default=_env_float("SPOTFILL_NIC_MBPS"))
+    p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
+    p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
+    p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
+    p.add_argument("--max-steps", type=positive_int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    leave_flag = _LeaveFlag()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave_flag.set_terminated)
+    try:
+        host, port = parse_address(args.ps)
+        config = WorkerConfig(
+            ps_host=host, ps_port=port, workload=args.workload, batch_size=args.batch_size,
+            workload_options=parse_options(args.workload_opt), instance_id=args.instance_id,
+            instance_type=args.instance_type, relative_speed=args.relative_speed,
+            reference_compute_s=args.reference_compute_s, nic_mbps=args.nic_mbps,
+            notice_file=args.notice_file, seed=args.seed, device=device,
+            connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
+            max_steps=args.max_steps,
+        )
+        result = run_worker(config, leave_flag=leave_flag)
+    except UserInputError as err:
+        sys.stderr.write(f"spotfill worker: error: {err}\n")
+        return 2
+    sys.stderr.write(f"spotfill worker: left ({result.reason}) after {result.steps} steps, "
+                     f"{result.samples_accepted} samples accepted\n")
+    sys.stdout.flush()
+    os._exit(0)  # skip gloo teardown, which can wait on a peer that already went
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""What is trained: a registry of built-in workloads and a `module:function` plug-in point.
+
+Built-ins learn from synthetic data generated from a fixed seed (no downloads at run time), made
+so the loss falls the way real training does, gradually and with noise:
+- `resnet20|32|44|56|110` (add `-cifar100` for 100 classes): the CIFAR ResNets of He et al.
+  (6n+2 layers) on CIFAR-shaped images, 3x32x32: each class has a smooth random prototype; a sample
+  is its class prototype plus Gaussian noise, randomly shifted and flipped (like CIFAR augmentation).
+- `transformer-lm`: a small causal transformer language model on token sequences drawn from a
+  fixed sparse Markov chain (each token has a few likely successors), so the loss falls from
+  ln(vocab) towards the chain's entropy rate.
+
+A plug-in is `package.module:function`; the function takes the workload options as keyword
+arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from tasks.errors import UserInputError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+BatchSource = Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless batches
+
+
+@dataclass
+class Workload:
+    """A model, where its batches come from, and how it learns.
+
+    `base_lr` is the learning rate at `base_batch`; a worker with batch b trains at
+    base_lr * b / base_batch (the linear scaling rule), applied by the PS per update.
+    """
+
+    name: str
+    model: nn.Module
+    batches: BatchSource
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    optimizer: str = "sgd"  # "sgd" (momentum 0.9) or "adam"
+    base_lr: float = 0.05
+    base_batch: int = 128
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.base_lr)
+        return torch.optim.SGD(params, lr=self.base_lr, momentum=0.9, weight_decay=1e-4)
+
+    def lr_for_batch(self, batch_size: int) -> float:
+        return self.base_lr * batch_size / self.base_batch
+
+
+# ---------------------------------------------------------------- CIFAR-shaped ResNets
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """ResNet-(6n+2) for 32x32 inputs: three stages of n blocks at widths w, 2w, 4w."""
+
+    def __init__(self, depth: int, num_classes: int, width: int = 16):
+        super().__init__()
+        if (depth - 2) % 6 != 0:
+            raise UserInputError(f"ResNet depth must be 6n+2, got {depth}")
+        n = (depth - 2) // 6
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        layers: list[nn.Module] = []
+        cin = width
+        for stage, cout in enumerate((width, 2 * width, 4 * width)):
+            for i in range(n):
+                layers.append(_BasicBlock(cin, cout, 2 if (stage > 0 and i == 0) else 1))
+                cin = cout
+        self.stages = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.stages(self.stem(x))
+        return self.head(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+def synthetic_cifar(num_classes: int, noise: float = 1.0, data_seed: int = 0) -> BatchSource:
+    """CIFAR-shaped learnable images: smooth class prototypes + noise, shifted and flipped."""
+    g = torch.Generator().manual_seed(data_seed)
+    coarse = torch.randn(num_classes, 3, 8, 8, generator=g)
+    prototypes = F.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False)
+    prototypes = prototypes / prototypes.flatten(1).std(dim=1).view(-1, 1, 1, 1)
+
+    def batches(batch_size: int, seed: int) -> Iterator[Batch]:
+        rng = torch.Generator().manual_seed(seed)
+        while True:
+            labels = torch.randint(0, num_classes, (batch_size,), generator=rng)
+            images = prototypes[labels] + noise * torch.randn(batch_size, 3, 32, 32, generator=rng)
+            shift = torch.randint(-4, 5, (2,), generator=rng).tolist()
+            images = torch.roll(images, shifts=shift, dims=(2, 3))
+            if torch.rand(1, generator=rng).item() < 0.5:
+                images = images.flip(3)
+            yield images, labels
+
+    return batches
+
+
+def resnet(depth: int, num_classes: int = 10, width: int = 16, noise: float = 1.0) -> Workload:
+    torch.manual_seed(0)  # the PS's initial parameters are the same on every start
+    return Workload(
+        name=f"resnet{depth}" + ("-cifar100" if num_classes == 100 else ""),
+        model=CifarResNet(depth, num_classes, width),
+        batches=synthetic_cifar(num_classes, noise),
+        loss_fn=F.cross_entropy,
+        optimizer="sgd",
+        base_lr=0.1,
+        base_batch=32,
+    )
+
+
+# ---------------------------------------------------------------- tiny transformer LM
+
+
+class TinyTransformerLM(nn.Module):
+    """A causal transformer language model: token + position embeddings, pre-norm encoder layers."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Parameter(torch.zeros(seq_len, d_model))
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        h = self.tokens(tokens) + self.positions[:t]
+        h = self.encoder(h, mask=self.causal[:t, :t], is_causal=True)
+        return self.head(self.norm(h))
+
+
+def markov_tokens(vocab: int, seq_len: int, successors: int = 4, data_seed: int = 0) -> BatchSource:
+    """Sequences from a fixed sparse Markov chain: each token has `successors` likely next tokens."""
+    g = torch.Generator().manual_seed(data_seed)
+    transition = torch.full((vocab, vocab), 1e-3)
+    for token in range(vocab):
+        nxt = torch.randperm(vocab, generator=g)[:successors]
+        transition[token, nxt] = torch.rand(successors, generator=g) + 0.5
+    transition = transition / transition.sum(dim=1, keepdim=True)
+
+    def batches(batch_size: int, seed: int) -> Iterator[Batch]:
+        rng = torch.Generator().manual_seed(seed)
+        while True:
+            seq = torch.empty(batch_size, seq_len + 1, dtype=torch.long)
+            seq[:, 0] = torch.randint(0, vocab, (batch_size,), generator=rng)
+            for i in range(seq_len):
+                seq[:, i + 1] = torch.multinomial(transition[seq[:, i]], 1, generator=rng).squeeze(1)
+            yield seq[:, :-1], seq[:, 1:]
+
+    return batches
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def transformer_lm(vocab: int = 64, seq_len: int = 32, d_model: int = 64, layers: int = 2, heads: int = 4) -> Workload:
+    torch.manual_seed(0)
+    return Workload(
+        name="transformer-lm",
+        model=TinyTransformerLM(vocab, seq_len, d_model, layers, heads),
+        batches=markov_tokens(vocab, seq_len),
+        loss_fn=_lm_loss,
+        optimizer="adam",
+        base_lr=3e-3,
+        base_batch=32,
+    )
+
+
+# ---------------------------------------------------------------- registry and plug-ins
+
+RESNET_DEPTHS = (20, 32, 44, 56, 110)
+BUILTIN: dict[str, Callable[..., Workload]] = {"transformer-lm": transformer_lm}
+for _depth in RESNET_DEPTHS:
+    BUILTIN[f"resnet{_depth}"] = lambda _d=_depth, **kw: resnet(_d, **kw)
+    BUILTIN[f"resnet{_depth}-cifar100"] = lambda _d=_depth, **kw: resnet(_d, num_classes=100, **kw)
+
+
+def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
+    """`key=value` strings (from --workload-opt) into keyword arguments; numbers become numbers."""
+    options: dict[str, int | float | str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UserInputError(f"workload option must be key=value, got {item!r}")
+        for cast in (int, float):
+            try:
+                options[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            options[key] = value
+    return options
+
+
+def build_workload(spec: str, options: dict | None = None) -> Workload:
+    """A built-in name or a `module:function` plug-in, with keyword options; bad names are
+    UserInputError naming what is known."""
+    options = options or {}
+    if spec in BUILTIN:
+        builder = BUILTIN[spec]
+    elif ":" in spec:
+        module_name, _, function_name = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise UserInputError(f"workload plug-in {spec!r}: cannot import {module_name!r} ({err})") from None
+        builder = getattr(module, function_name, None)
+        if not callable(builder):
+            raise UserInputError(f"workload plug-in {spec!r}: {module_name} has no function {function_name!r}")
+    else:
+        raise UserInputError(f"unknown workload {spec!r}; built-ins: {', '.join(sorted(BUILTIN))}, or module:function")
+    try:
+        built = builder(**options)
+    except TypeError as err:
+        raise UserInputError(f"workload {spec!r} rejects options {options}: {err}") from None
+    if isinstance(built, tuple):
+        model, batches, loss_fn = built
+        built = Workload(name=spec, model=model, batches=batches, loss_fn=loss_fn)
+    if not isinstance(built, Workload):
+        raise UserInputError(f"workload plug-in {spec!r} returned {type(built).__name__}, not a Workload")
+    return built
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+

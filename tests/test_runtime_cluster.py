@@ -1,0 +1,142 @@
+"""Multi-process runtime tests: a real PS and real workers on torch.distributed (gloo), launched
+through the local provider. Small model, short runs, every wait bounded."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tasks.providers.local import LocalProvider, _proc_start_ticks
+from tasks.runtime import driver
+from tasks.runtime.telemetry import read_records
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = "resnet20"
+OPTIONS = {"width": 4}
+TYPES = ("p3.2xlarge", "g4dn.4xlarge")
+
+
+@pytest.fixture()
+def provider(tmp_path):
+    p = LocalProvider(tmp_path, terminate_grace_s=15.0)
+    yield p
+    p.kill_all_started()
+
+
+def _pids(provider, run_id):
+    return [r["pid"] for r in provider._load(run_id)["instances"]]
+
+
+def _assert_all_gone(provider, run_id):
+    for pid in _pids(provider, run_id):
+        assert _proc_start_ticks(pid) is None, f"process {pid} outlived the run"
+
+
+def _updates(run_dir):
+    return [r for r in read_records(run_dir) if r["kind"] == "update"]
+
+
+def _assert_exact_accounting(run_dir):
+    """Each accepted update counted once: contiguous versions, unique (worker, step), totals."""
+    updates = _updates(run_dir)
+    assert [u["version"] for u in updates] == list(range(1, len(updates) + 1))
+    assert len({(u["worker"], u["step"]) for u in updates}) == len(updates)
+    assert updates[-1]["samples_total"] == sum(u["samples"] for u in updates)
+    return updates
+
+
+def _start(provider, run_id, **kw):
+    return driver.start_run(provider, run_id, WORKLOAD, workload_options=OPTIONS, ps_type="p3.2xlarge",
+                            checkpoint_every_s=60.0, **kw)
+
+
+def test_asp_workers_join_and_leave(provider):
+    run = _start(provider, "asp")
+    try:
+        first = driver.add_workers(run, TYPES[0], 1, batch_size=8).instances + \
+            driver.add_workers(run, TYPES[1], 1, batch_size=16).instances
+        driver.wait_for(run, lambda p: len(p.workers) == 2 and min(w.updates for w in p.workers.values()) >= 4, 60)
+        provider.terminate([first[0].instance_id])  # leaves cleanly after its step
+        late = driver.add_workers(run, TYPES[0], 1, batch_size=8, plan_id="p1").instances[0]
+        driver.wait_for(run, lambda p: len(p.workers) == 3 and min(w.updates for w in p.workers.values()) >= 3, 60)
+        assert driver.add_workers(run, TYPES[0], 1, batch_size=8, plan_id="p1").instances[0] == late  # idempotent
+        final = driver.stop_run(run)
+    finally:
+        provider.cleanup(run.run_id)
+    updates = _assert_exact_accounting(run.run_dir)
+    assert final.stopped == "stop_file"
+    records = read_records(run.run_dir)
+    leaves = {r["worker"]: r["reason"] for r in records if r["kind"] == "leave"}
+    assert sorted(leaves.values()) == ["ps_stop", "ps_stop", "terminated"]
+    assert {u["lr"] for u in updates if u["samples"] == 16} == {2 * u["lr"] for u in updates if u["samples"] == 8}
+    assert max(u["staleness"] for u in updates) >= 1  # asynchronous: others updated in between
+    assert all(u["staleness"] >= 0 for u in updates)
+    _assert_all_gone(provider, "asp")
+
+
+def test_worker_killed_mid_run_counts_every_accepted_sample_once(provider):
+    run = _start(provider, "kill")
+    try:
+        workers = driver.add_workers(run, TYPES[0], 2, batch_size=8).instances
+        driver.wait_for(run, lambda p: len(p.workers) == 2 and min(w.updates for w in p.workers.values()) >= 3, 60)
+        os.killpg(provider.pid_of("kill", workers[0].instance_id), signal.SIGKILL)
+        before = run.progress().updates_total
+        progress = driver.wait_for(run, lambda p: "lost" in [w.left for w in p.workers.values()]
+                                   and p.updates_total >= before + 6, 60)
+        assert progress.stopped is None  # the run went on without it
+        driver.stop_run(run)
+    finally:
+        provider.cleanup(run.run_id)
+    _assert_exact_accounting(run.run_dir)
+    _assert_all_gone(provider, "kill")
+
+
+def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
+    interval = 5
+    run = _start(provider, "psfail", checkpoint_every_updates=interval)
+    try:
+        driver.add_workers(run, TYPES[0], 2, batch_size=8)
+        driver.wait_for(run, lambda p: p.updates_total >= 3 * interval, 90)
+        os.killpg(provider.pid_of("psfail", run.ps_instance.instance_id), signal.SIGKILL)
+        time.sleep(0.5)
+        killed_at = max(u["version"] for u in _updates(run.run_dir))
+        checkpointed = max(r["version"] for r in read_records(run.run_dir) if r["kind"] == "checkpoint")
+        port = int(run.ps_address.rsplit(":", 1)[1])
+        run2 = _start(provider, "psfail", port=port, checkpoint_every_updates=interval, plan_id="ps-restart")
+        progress = driver.wait_for(run2, lambda p: p.resumes == 1 and p.updates_total >= checkpointed + 5, 90)
+        driver.stop_run(run2)
+    finally:
+        provider.cleanup("psfail")
+    records = read_records(run.run_dir)
+    resume = next(r for r in records if r["kind"] == "resume")
+    assert resume["version"] == checkpointed
+    assert killed_at - resume["version"] <= interval  # at most one checkpoint interval lost
+    assert progress.resumes == 1
+    after = [r for r in records[records.index(resume):] if r["kind"] == "update"]
+    assert [u["version"] for u in after] == list(range(checkpointed + 1, checkpointed + 1 + len(after)))
+    assert min(u["worker"] for u in after) > max(u["worker"] for u in _updates(run.run_dir) if u["t"] < resume["t"])
+    _assert_all_gone(provider, "psfail")
+
+
+def test_revocation_notice_worker_leaves_cleanly_before_deadline(provider):
+    run = _start(provider, "notice")
+    try:
+        victim, survivor = driver.add_workers(run, TYPES[1], 2, batch_size=8).instances
+        driver.wait_for(run, lambda p: len(p.workers) == 2 and min(w.updates for w in p.workers.values()) >= 2, 60)
+        notice = provider.inject_revocation("notice", victim.instance_id, notice_s=30.0)
+        driver.wait_for(run, lambda p: "notice" in [w.left for w in p.workers.values()], 30)
+        deadline = time.monotonic() + 20
+        while victim.instance_id in [i.instance_id for i in provider.describe("notice")] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert time.time() < notice.deadline_s  # it left, exit status 0, before it was taken
+        assert victim.instance_id not in [i.instance_id for i in provider.describe("notice")]
+        assert [e.kind for e in provider.poll_events("notice")] == ["revocation_notice"]
+        driver.stop_run(run)
+    finally:
+        provider.cleanup(run.run_id)
+    _assert_exact_accounting(run.run_dir)
+    assert "left (notice)" in (run.run_dir / "logs" / f"{victim.instance_id}.log").read_text()
+    _assert_all_gone(provider, "notice")

@@ -1,0 +1,197 @@
+"""Fast unit tests of the runtime's plain parts: workloads, checkpoints, shaping, telemetry, traces."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.errors import UserInputError
+from tasks.providers.traces import load_trace, revocations
+from tasks.runtime import checkpoint
+from tasks.runtime.ps import ParameterServer, PsConfig
+from tasks.runtime.shaping import Shaper, TokenBucket
+from tasks.runtime.telemetry import TelemetryReader, TelemetryWriter
+from tasks.runtime.workloads import build_workload, parse_options
+
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
+
+
+def _train(spec, options, batch_size, steps):
+    torch.set_num_threads(1)
+    w = build_workload(spec, options)
+    opt = w.make_optimizer(w.model.parameters())
+    for group in opt.param_groups:
+        group["lr"] = w.lr_for_batch(batch_size)
+    batches = w.batches(batch_size, 1)
+    losses = []
+    for _ in range(steps):
+        x, y = next(batches)
+        loss = w.loss_fn(w.model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("spec,options,batch,steps", [
+    ("resnet20", {"width": 4}, 16, 30),
+    ("transformer-lm", {"d_model": 32}, 16, 40),
+])
+def test_builtin_workloads_learn(spec, options, batch, steps):
+    losses = _train(spec, options, batch, steps)
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, losses
+
+
+def test_resnet_family_depths_and_classes():
+    for depth, blocks in ((20, 9), (56, 27), (110, 54)):
+        model = build_workload(f"resnet{depth}", {"width": 2}).model
+        assert len(model.stages) == blocks
+    assert build_workload("resnet32-cifar100", {"width": 2}).model.head.out_features == 100
+
+
+def test_plugin_workload(tmp_path, monkeypatch):
+    (tmp_path / "my_workload.py").write_text(
+        "import torch\n"
+        "def build(hidden=8):\n"
+        "    model = torch.nn.Linear(4, 2)\n"
+        "    def batches(batch_size, seed):\n"
+        "        g = torch.Generator().manual_seed(seed)\n"
+        "        while True:\n"
+        "            x = torch.randn(batch_size, 4, generator=g)\n"
+        "            yield x, (x[:, 0] > 0).long()\n"
+        "    return model, batches, torch.nn.functional.cross_entropy\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    w = build_workload("my_workload:build", parse_options(["hidden=3"]))
+    assert w.name == "my_workload:build"
+    x, y = next(w.batches(5, 0))
+    assert w.loss_fn(w.model(x), y).item() > 0
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("resnet21", "unknown workload 'resnet21'"),
+    ("no_such_module_xyz:build", "cannot import"),
+    ("json:no_such_function", "has no function"),
+])
+def test_bad_workloads_are_user_errors(spec, message):
+    with pytest.raises(UserInputError, match=message):
+        build_workload(spec)
+
+
+def test_bad_workload_options():
+    with pytest.raises(UserInputError, match="key=value"):
+        parse_options(["width"])
+    with pytest.raises(UserInputError, match="rejects options"):
+        build_workload("resnet20", {"colour": 3})
+
+
+def test_checkpoint_roundtrip_keeps_two_and_rejects_corruption(tmp_path):
+    for version in (1, 2, 3):
+        checkpoint.save_checkpoint(tmp_path, version, {"version": version, "w": torch.arange(4.0)})
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-000000002.pt", "ckpt-000000003.pt"]
+    newest = checkpoint.list_checkpoints(tmp_path)[-1]
+    data = bytearray(newest.read_bytes())
+    data[-10] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupted"):
+        checkpoint.load_checkpoint(newest)
+    reported = []
+    state = checkpoint.load_latest(tmp_path, on_corrupt=lambda path, err: reported.append(path))
+    assert state["version"] == 2 and reported == [newest]
+    assert newest.with_name(newest.name + ".corrupt").exists()
+    assert checkpoint.list_checkpoints(tmp_path)[-1].name == "ckpt-000000002.pt"  # the good one is kept
+    assert not list(tmp_path.glob(".ckpt-*.tmp"))
+
+
+def test_checkpoint_all_corrupt_is_a_clear_error(tmp_path):
+    (tmp_path / "ckpt-000000001.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoint.CheckpointError, match="bad header"):
+        checkpoint.load_latest(tmp_path)
+
+
+def test_ps_resumes_from_previous_checkpoint_when_newest_is_corrupt(tmp_path):
+    config = PsConfig(run_dir=tmp_path, port=0, workload="resnet20", workload_options={"width": 2})
+    ps = ParameterServer(config)
+    for version in (4, 9):
+        ps.version = ps.updates_total = version
+        ps.write_checkpoint()
+    newest = checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1]
+    newest.write_bytes(newest.read_bytes()[:-100])  # truncated by a crash of the disk
+    resumed = ParameterServer(config)
+    assert resumed.resume() and resumed.version == 4
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert "corrupt_checkpoint" in kinds and kinds[-1] == "resume"
+    other = PsConfig(run_dir=tmp_path, port=0, workload="resnet20", workload_options={"width": 4})
+    with pytest.raises(UserInputError, match="is for workload"):
+        ParameterServer(other).resume()
+
+
+def test_token_bucket_paces_and_shares():
+    bucket = TokenBucket(rate_bytes_per_s=1e6, burst_bytes=0)
+    first = bucket.reserve(100_000)
+    second = bucket.reserve(100_000)
+    assert second - first == pytest.approx(0.1, abs=0.02)
+    shaper = Shaper(ps_mbps=8.0)  # 1 MB/s shared
+    shaper.add_worker(1, nic_mbps=None)
+    shaper.add_worker(2, nic_mbps=None)
+    waited = {}
+    threads = [threading.Thread(target=lambda w=w: waited.__setitem__(w, shaper.transfer(w, 200_000))) for w in (1, 2)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - start >= 0.3  # 400 kB through 1 MB/s, shared
+    assert Shaper(None).transfer(1, 10**9) == 0.0
+
+
+def test_worker_nic_limits_alone():
+    shaper = Shaper(ps_mbps=None)
+    shaper.add_worker(7, nic_mbps=8.0)
+    assert shaper.transfer(7, 150_000) >= (150_000 - 65_536) / 1e6  # less the initial burst
+
+
+def test_telemetry_reader_tails_and_resets_on_resume(tmp_path):
+    writer = TelemetryWriter(tmp_path)
+    reader = TelemetryReader(tmp_path, loss_smoothing=0.5)
+    writer.write("join", worker=1, instance_type="a")
+    base = dict(instance_type="a", samples=8, compute_s=0.1, comm_s=0.02, base_version=0, staleness=0, lr=0.1)
+    writer.write("update", worker=1, step=0, loss=2.0, version=1, samples_total=8, updates_total=1, **base)
+    writer.write("update", worker=1, step=1, loss=1.0, version=2, samples_total=16, updates_total=2, **base)
+    p = reader.poll()
+    assert (p.updates_total, p.samples_total, p.smoothed_loss) == (2, 16, 1.5)
+    assert p.workers[1].last_step_s == pytest.approx(0.12)
+    with open(tmp_path / "telemetry.jsonl", "a") as f:
+        f.write('{"t": 1, "kind": "upd')  # half a line: read on a later poll
+    assert reader.poll().updates_total == 2
+    writer.close()
+    with open(tmp_path / "telemetry.jsonl", "a") as f:
+        f.write('ate_ignored_kind"}\n' + json.dumps({"t": 2, "kind": "resume", "version": 1, "updates_total": 1,
+                                                    "samples_total": 8}) + "\n")
+    p = reader.poll()
+    assert (p.resumes, p.samples_total, p.workers[1].left) == (1, 8, "ps_restart")
+
+
+def test_traces_parse_both_formats():
+    bamboo = load_trace(TRACES / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv")
+    assert bamboo[0] == (0.0, 0) and bamboo[1] == (21529.0, 4)
+    hours = load_trace(TRACES / "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv")
+    assert hours[-1][0] == pytest.approx(88.695 * 3600)
+    parcae = load_trace(TRACES / "parcae_p3trace.csv")
+    assert all(n >= 0 for _, n in parcae) and parcae[-1][0] == pytest.approx(40920.0)
+    drops = revocations(parcae)
+    assert drops and all(k > 0 for _, k in drops)
+    assert sum(k for _, k in drops) == sum(max(0, a - b) for (_, a), (_, b) in zip(parcae, parcae[1:]))
+
+
+def test_bad_trace_is_a_user_error(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("0,jump,node1\n")
+    with pytest.raises(UserInputError, match="neither Bamboo"):
+        load_trace(bad)
