@@ -77,21 +77,34 @@ def test_asp_workers_join_and_leave(provider):
     _assert_all_gone(provider, "asp")
 
 
-def test_worker_killed_mid_run_counts_every_accepted_sample_once(provider):
-    run = _start(provider, "kill")
+def test_worker_killed_and_worker_revoked_with_notice_while_the_run_goes_on(provider):
+    """One worker is killed mid-run (kill -9), another gets a revocation notice; the third
+    carries on, and every accepted sample is counted exactly once."""
+    run = _start(provider, "faults")
     try:
-        workers = driver.add_workers(run, TYPES[0], 2, batch_size=8).instances
-        driver.wait_for(run, lambda p: len(p.workers) == 2 and min(w.updates for w in p.workers.values()) >= 3, 60)
-        os.killpg(provider.pid_of("kill", workers[0].instance_id), signal.SIGKILL)
+        killed, survivor = driver.add_workers(run, TYPES[0], 2, batch_size=8).instances
+        (noticed,) = driver.add_workers(run, TYPES[1], 1, batch_size=8).instances
+        driver.wait_for(run, lambda p: len(p.workers) == 3 and min(w.updates for w in p.workers.values()) >= 2, 60)
+        os.killpg(provider.pid_of("faults", killed.instance_id), signal.SIGKILL)
+        notice = provider.inject_revocation("faults", noticed.instance_id, notice_s=30.0)
         before = run.progress().updates_total
-        progress = driver.wait_for(run, lambda p: "lost" in [w.left for w in p.workers.values()]
-                                   and p.updates_total >= before + 6, 60)
-        assert progress.stopped is None  # the run went on without it
+        progress = driver.wait_for(run, lambda p: sorted(filter(None, (w.left for w in p.workers.values())))
+                                   == ["lost", "notice"] and p.updates_total >= before + 6, 60)
+        assert progress.stopped is None  # the run went on without them
+        deadline = time.monotonic() + 20
+        while noticed.instance_id in [i.instance_id for i in provider.describe("faults")] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert time.time() < notice.deadline_s  # it left (exit 0) before it would have been taken
+        assert noticed.instance_id not in [i.instance_id for i in provider.describe("faults")]
+        assert [e.kind for e in provider.poll_events("faults")] == ["revocation_notice"]
         driver.stop_run(run)
     finally:
         provider.cleanup(run.run_id)
-    _assert_exact_accounting(run.run_dir)
-    _assert_all_gone(provider, "kill")
+    updates = _assert_exact_accounting(run.run_dir)
+    assert "left (notice)" in (run.run_dir / "logs" / f"{noticed.instance_id}.log").read_text()
+    last_noticed = max(u["t"] for u in updates if u["instance_type"] == TYPES[1])
+    assert any(u["t"] > last_noticed for u in updates)  # the survivor kept training after the notice
+    _assert_all_gone(provider, "faults")
 
 
 def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
@@ -119,24 +132,3 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
     assert [u["version"] for u in after] == list(range(checkpointed + 1, checkpointed + 1 + len(after)))
     assert min(u["worker"] for u in after) > max(u["worker"] for u in _updates(run.run_dir) if u["t"] < resume["t"])
     _assert_all_gone(provider, "psfail")
-
-
-def test_revocation_notice_worker_leaves_cleanly_before_deadline(provider):
-    run = _start(provider, "notice")
-    try:
-        victim, survivor = driver.add_workers(run, TYPES[1], 2, batch_size=8).instances
-        driver.wait_for(run, lambda p: len(p.workers) == 2 and min(w.updates for w in p.workers.values()) >= 2, 60)
-        notice = provider.inject_revocation("notice", victim.instance_id, notice_s=30.0)
-        driver.wait_for(run, lambda p: "notice" in [w.left for w in p.workers.values()], 30)
-        deadline = time.monotonic() + 20
-        while victim.instance_id in [i.instance_id for i in provider.describe("notice")] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert time.time() < notice.deadline_s  # it left, exit status 0, before it was taken
-        assert victim.instance_id not in [i.instance_id for i in provider.describe("notice")]
-        assert [e.kind for e in provider.poll_events("notice")] == ["revocation_notice"]
-        driver.stop_run(run)
-    finally:
-        provider.cleanup(run.run_id)
-    _assert_exact_accounting(run.run_dir)
-    assert "left (notice)" in (run.run_dir / "logs" / f"{victim.instance_id}.log").read_text()
-    _assert_all_gone(provider, "notice")

@@ -150,13 +150,23 @@ class LocalProvider(Provider):
             if deadline is not None and now >= deadline:
                 if self._alive(row):
                     _kill_group(row["pid"], signal.SIGKILL)
+                self._reap(row["pid"])
                 table["events"].append(asdict(ProviderEvent("revoked", row["instance_id"], now)))
                 row["state"] = "terminated"
                 changed = True
             elif not self._alive(row):
+                self._reap(row["pid"])
                 row["state"] = "terminated"
                 changed = True
         return changed
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.pop(pid, None)
+        if child is not None:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     # ------------------------------------------------------------ the interface
 
@@ -249,9 +259,7 @@ class LocalProvider(Provider):
                     time.sleep(0.05)
                 for r in rows:
                     _kill_group(r["pid"], signal.SIGKILL)
-                    child = self._children.pop(r["pid"], None)
-                    if child is not None:
-                        child.wait(timeout=10)
+                    self._reap(r["pid"])
                     r["state"] = "terminated"
                 self._save(run_id, table)
 
@@ -330,13 +338,8 @@ class LocalProvider(Provider):
         for timer in self._timers:
             timer.cancel()
         for pid, child in list(self._children.items()):
-            if child.poll() is None:
-                _kill_group(pid, signal.SIGKILL)
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self._children.clear()
+            _kill_group(pid, signal.SIGKILL)  # also what the instance started, if its leader is gone
+            self._reap(pid)
 
     def _on_signal(self, signum, frame, previous) -> None:
         self.kill_all_started()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
+import time
 
 import torch
 from torch import nn
@@ -90,8 +92,23 @@ def host_store(port: int, timeout_s: float) -> TCPStore:
 
 def join(host: str, port: int, description: dict, connect_timeout_s: float, op_timeout_s: float) -> tuple[int, TCPStore, Link]:
     """Register with the PS at host:port under a fresh id and build the private link.
-    Raises RuntimeError/TimeoutError when the PS cannot be reached in time."""
+    Raises TimeoutError (or RuntimeError from torch) when the PS cannot be reached in time."""
+    wait_listening(host, port, connect_timeout_s)
     store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=connect_timeout_s))
     worker_id = int(store.add(COUNTER_KEY, 1))
     store.set(f"join/{worker_id}", json.dumps(description))
     return worker_id, store, Link(store, worker_id, 1, op_timeout_s)
+
+
+def wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Wait until something accepts TCP connections at host:port (quietly, unlike the store's
+    client, which logs every failed attempt); TimeoutError after timeout_s."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, timeout_s))):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline_s:
+                raise TimeoutError(f"nothing listens at {host}:{port}: {err.strerror or err}") from None
+            time.sleep(0.2)

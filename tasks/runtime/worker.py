@@ -35,7 +35,7 @@ import torch
 from tasks.errors import UserInputError
 from tasks.phases import NoListener, PhaseListener
 from tasks.runtime import wire
-from tasks.runtime.workloads import build_workload, parse_options
+from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
 
 @dataclass
@@ -240,10 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     leave_flag = _LeaveFlag()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, leave_flag.set_terminated)
     try:
         host, port = parse_address(args.ps)
+        resolve_builder(args.workload)
         config = WorkerConfig(
             ps_host=host, ps_port=port, workload=args.workload, batch_size=args.batch_size,
             workload_options=parse_options(args.workload_opt), instance_id=args.instance_id,
@@ -253,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps,
         )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, leave_flag.set_terminated)
         result = run_worker(config, leave_flag=leave_flag)
     except UserInputError as err:
         sys.stderr.write(f"spotfill worker: error: {err}\n")

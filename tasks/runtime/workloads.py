@@ -218,12 +218,11 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
     return options
 
 
-def build_workload(spec: str, options: dict | None = None) -> Workload:
-    """A built-in name or a `module:function` plug-in, with keyword options; bad names are
+def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
+    """The function that builds a built-in or `module:function` workload; a bad name is a
     UserInputError naming what is known."""
-    options = options or {}
     if spec in BUILTIN:
-        builder = BUILTIN[spec]
+        return BUILTIN[spec]
     elif ":" in spec:
         module_name, _, function_name = spec.partition(":")
         try:
@@ -233,8 +232,14 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
         builder = getattr(module, function_name, None)
         if not callable(builder):
             raise UserInputError(f"workload plug-in {spec!r}: {module_name} has no function {function_name!r}")
-    else:
-        raise UserInputError(f"unknown workload {spec!r}; built-ins: {', '.join(sorted(BUILTIN))}, or module:function")
+        return builder
+    raise UserInputError(f"unknown workload {spec!r}; built-ins: {', '.join(sorted(BUILTIN))}, or module:function")
+
+
+def build_workload(spec: str, options: dict | None = None) -> Workload:
+    """A built-in name or a `module:function` plug-in, built with keyword options."""
+    options = options or {}
+    builder = resolve_builder(spec)
     try:
         built = builder(**options)
     except TypeError as err:

@@ -1,0 +1,58 @@
+"""Bad input to the runtime: one clear line on stderr and exit status 2, nothing started."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.errors import UserInputError
+from tasks.providers.local import LocalProvider
+from tasks.runtime import driver, ps, worker
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("entry,argv,message", [
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "0"],
+     "--batch-size: must be a positive integer"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet21", "--batch-size", "8"], "unknown workload 'resnet21'"),
+    (worker.main, ["--ps", "localhost", "--workload", "resnet20", "--batch-size", "8"], "PS address must be HOST:PORT"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--workload-opt", "w"],
+     "workload option must be key=value"),
+    (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "nope"], "unknown workload 'nope'"),
+])
+def test_bad_command_lines_exit_2_with_one_line(entry, argv, message, tmp_path, capsys):
+    argv = [str(tmp_path) if a == "RUN_DIR" else a for a in argv]
+    try:
+        status = entry(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        status = exit_.code
+    out, err = capsys.readouterr()
+    assert status == 2 and message in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unreachable_ps_is_one_line_and_exit_2():
+    dead_port = driver.free_port()  # nothing listens there
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.runtime.worker", "--ps", f"127.0.0.1:{dead_port}", "--workload", "resnet20",
+         "--workload-opt", "width=2", "--batch-size", "8", "--connect-timeout-s", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (f"spotfill worker: error: cannot reach the parameter server at 127.0.0.1:{dead_port} "
+                           f"within 1 s (nothing listens at 127.0.0.1:{dead_port}: Connection refused)\n")
+
+
+def test_driver_rejects_bad_input_before_starting_anything(tmp_path):
+    provider = LocalProvider(tmp_path)
+    with pytest.raises(UserInputError, match="unknown workload"):
+        driver.start_run(provider, "bad", "resnet21")
+    with pytest.raises(UserInputError, match="max_updates must be positive"):
+        driver.start_run(provider, "bad", "resnet20", workload_options={"width": 2}, max_updates=0)
+    assert provider.describe("bad") == []
+    run = driver.TrainingRun("bad", tmp_path, provider, "127.0.0.1:1", None, "resnet20")
+    with pytest.raises(UserInputError, match="batch size must be positive"):
+        driver.add_workers(run, "p3.2xlarge", 1, batch_size=0)
