@@ -76,29 +76,34 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
     factor = loss_smoothing()
     started_s = time.monotonic()
     runs = []
+
+    def start(k_cluster):
+        k, cluster = k_cluster
+        run = start_run(provider, f"{run_id}-c{k}", workload, workload_options=workload_options,
+                        ps_type=ps_type or next(iter(cluster)), ps_mbps=ps_megabits_per_s, checkpoint_every_s=3600.0)
+        runs.append(run)
+        for instance_type, count in cluster.items():
+            if count:
+                batch = worker_batch(provider, instance_type, by_type[instance_type].batch_per_gpu)[1]
+                add_workers(run, instance_type, count, batch_size=batch)
+        return run
+
     try:
-        for k, cluster in enumerate(clusters):
-            run = start_run(provider, f"{run_id}-c{k}", workload, workload_options=workload_options,
-                            ps_type=ps_type or next(iter(cluster)), ps_mbps=ps_megabits_per_s,
-                            checkpoint_every_s=3600.0)
-            runs.append(run)
-            for instance_type, count in cluster.items():
-                if count:
-                    m = by_type[instance_type]
-                    add_workers(run, instance_type, count, batch_size=worker_batch(provider, instance_type, m.batch_per_gpu)[1])
+        with ThreadPoolExecutor(len(clusters)) as pool:  # the PSs start side by side
+            ordered = list(pool.map(start, enumerate(clusters)))
 
         def long_enough(p) -> bool:
             return p.first_update_t is not None and p.last_update_t - p.first_update_t >= duration_s
 
         deadline_s = time.monotonic() + timeout_s
-        for run in runs:
+        for run in ordered:
             wait_until(run, long_enough, deadline_s)
     finally:
         for run in runs:
             stop_run(run)
     wall_s = time.monotonic() - started_s
     results = []
-    for cluster, run in zip(clusters, runs):
+    for cluster, run in zip(clusters, ordered):
         where = f"profiling cluster {cluster}"
         updates = update_records(run)
         check_not_diverged(updates, where)

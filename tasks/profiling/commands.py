@@ -90,5 +90,7 @@ def _validate(args) -> int:
     print(f"median time error {report.median_time_error:.1%} (max {report.max_time_error:.1%}); "
           f"median iterations error {report.median_iterations_error:.1%}; contention-blind median "
           f"{report.baseline_median_time_error:.1%} (max {report.baseline_max_time_error:.1%})")
+    print(f"speed model alone (observed iterations): median time error {report.median_speed_time_error:.1%}, "
+          f"contention-blind {report.baseline_median_speed_time_error:.1%}")
     print(f"plot: {report.plot}")
     return 0

@@ -10,6 +10,10 @@ Workers start a few seconds apart (process start-up), so both predictions are re
 observed start schedule: worker i contributes 1/T_i updates per second from its first update on,
 and the predicted time is when those add up to the predicted iterations. Start-up itself is the
 provider's overhead, reported separately (start_skew_s), not the model's to predict.
+
+The error is split in two: `speed_time_error` replays the OBSERVED iterations on the predicted
+iteration times (the speed and contention model alone); `time_error` uses the predicted iterations
+(speed and loss-curve model together).
 """
 from __future__ import annotations
 
@@ -43,6 +47,9 @@ class ConfigResult(BaseModel):
     predicted_steady_time_s: float  # iterations * Texp, without the start schedule
     baseline_time_s: float
     baseline_time_error: float
+    # the speed model alone: the observed iterations on the predicted iteration times
+    speed_time_error: float
+    baseline_speed_time_error: float
     start_skew_s: float  # last worker's first update - first update
     wall_s: float
 
@@ -56,6 +63,8 @@ class ValidationReport(BaseModel):
     median_iterations_error: float
     baseline_median_time_error: float
     baseline_max_time_error: float
+    median_speed_time_error: float
+    baseline_median_speed_time_error: float
     wall_s: float
     plot: str | None = None
 
@@ -141,6 +150,8 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
         predicted_iteration_time_s=predicted["iteration_time_s"], observed_iteration_time_s=observed_texp,
         predicted_steady_time_s=predicted["time_s"], baseline_time_s=baseline_time_s,
         baseline_time_error=_relative(baseline_time_s, observed_time_s), start_skew_s=skew_s,
+        speed_time_error=_relative(scheduled(model, len(updates)), observed_time_s),
+        baseline_speed_time_error=_relative(scheduled(blind, len(updates)), observed_time_s),
         wall_s=time.monotonic() - started_s,
     )
 
@@ -171,6 +182,8 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
         median_iterations_error=statistics.median(r.iterations_error for r in results),
         baseline_median_time_error=statistics.median(r.baseline_time_error for r in results),
         baseline_max_time_error=max(r.baseline_time_error for r in results),
+        median_speed_time_error=statistics.median(r.speed_time_error for r in results),
+        baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
         wall_s=time.monotonic() - started_s,
     )
     if plot_path is not None:
