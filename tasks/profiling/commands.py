@@ -24,13 +24,32 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the quick preset (a few minutes on 2 cores)")
     p.add_argument("--profiles-dir", type=Path, default=Path("profiles"))
     p.add_argument("--artifacts-dir", type=Path, default=Path("artifacts"))
+    p.add_argument("--workload", default=None, help="a built-in workload or module:function (default: the preset's)")
+    p.add_argument("--workload-opt", action="append", default=None, metavar="KEY=VALUE",
+                   help="workload option (repeatable; replaces the preset's options)")
+    p.add_argument("--iterations", type=int, default=None, help="single-type profiling iterations (default: 30)")
+    p.add_argument("--cluster-duration", type=float, default=None, help="seconds each profiling cluster trains")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
 def _setup(args):
+    import dataclasses
+
     from tasks.profiling.presets import FULL, QUICK, local_provider
+    from tasks.runtime.workloads import build_workload, parse_options
 
     preset = QUICK if args.quick else FULL
+    changes = {}
+    if args.workload is not None:
+        changes.update(workload=args.workload, workload_options={})
+    if args.workload_opt is not None:
+        changes["workload_options"] = parse_options(args.workload_opt)
+    if args.iterations is not None:
+        changes["iterations"] = args.iterations
+    if args.cluster_duration is not None:
+        changes["cluster_duration_s"] = args.cluster_duration
+    preset = dataclasses.replace(preset, **changes)
+    build_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation
 
