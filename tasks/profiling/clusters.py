@@ -57,7 +57,8 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
     """Train every cluster at once for about `duration_s` seconds of updates each.
 
     `ps_megabits_per_s` caps the PS's emulated NIC (local provider); `ps_bandwidth_mbps` is the PS
-    bandwidth recorded for the fit (MB/s), by default that cap / 8.
+    bandwidth recorded for the fit (MB/s), by default that cap / 8, or without a cap the PS
+    instance type's NIC / 8.
     """
     from tasks.profiling.measurements import megabits_to_mbps
     from tasks.runtime.driver import add_workers, start_run, stop_run
@@ -70,9 +71,11 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
         if sum(cluster.values()) < 1:
             raise ProfilingError(f"cluster {cluster} has no workers")
     if ps_bandwidth_mbps is None:
-        if ps_megabits_per_s is None:
-            raise ProfilingError("the PS bandwidth is unknown: give ps_megabits_per_s or ps_bandwidth_mbps")
-        ps_bandwidth_mbps = megabits_to_mbps(ps_megabits_per_s)
+        if ps_megabits_per_s is None:  # not capped: the PS instance's own NIC
+            types = {t.name: t for t in provider.list_types()}
+            ps_bandwidth_mbps = megabits_to_mbps(types[ps_type or next(iter(clusters[0]))].network_mbps)
+        else:
+            ps_bandwidth_mbps = megabits_to_mbps(ps_megabits_per_s)
     factor = loss_smoothing()
     started_s = time.monotonic()
     runs = []

@@ -6,6 +6,7 @@ of the run), so a failed profile leaks no process or instance.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from pathlib import Path
 
@@ -14,6 +15,12 @@ from tasks.providers.base import Provider
 
 DIVERGED_FACTOR = 10.0  # a loss this many times the first one counts as diverged
 WARMUP_UPDATES = 3  # per worker: the first steps pay for start-up and are not steady state
+
+
+def fresh_run_id(prefix: str) -> str:
+    """A run id not used before: provider launches are idempotent per run id, so a second
+    profiling session under an old id would get the old (finished) instances back."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def worker_batch(provider: Provider, instance_type: str, batch_per_gpu: int) -> tuple[int, int]:

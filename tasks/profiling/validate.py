@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from tasks.model import Model
 from tasks.profile import Profile
 from tasks.profiling.measurements import ProfilingError
-from tasks.profiling.runs import check_not_diverged, update_records, wait_until, worker_batch
+from tasks.profiling.runs import check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
 
 UNLIMITED_MBPS = 1e12
@@ -157,7 +157,7 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
 
 
 def validate_profile(provider: Provider, profile: Profile, workload: str, configs: list[dict[str, int]],
-                     loss_target: float, *, run_id: str = "validate", workload_options: dict | None = None,
+                     loss_target: float, *, run_id: str | None = None, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, parallel: int = 1, timeout_s: float = 600.0,
                      fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None) -> ValidationReport:
     """Run every configuration to the loss target (`parallel` at a time) and score the model."""
@@ -167,6 +167,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
     if held_in:
         raise ProfilingError(f"validation configuration {held_in[0]} was used for fitting; validate on held-out ones")
     started_s = time.monotonic()
+    run_id = run_id or fresh_run_id("validate")
 
     def one(k_cluster):
         k, cluster = k_cluster

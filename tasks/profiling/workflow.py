@@ -12,6 +12,7 @@ from pathlib import Path
 from tasks.profiling.clusters import profile_clusters
 from tasks.profiling.fit import fit_profile
 from tasks.profiling.presets import Preset
+from tasks.profiling.runs import fresh_run_id
 from tasks.profiling.single import profile_type
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, provenance, save_profile
 
@@ -23,7 +24,7 @@ def preset_settings(p: Preset, emulation: dict) -> dict:
 
 
 def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = Path("profiles"),
-                     run_id: str = "profile", force: bool = False) -> tuple[Path, dict]:
+                     run_id: str | None = None, force: bool = False) -> tuple[Path, dict]:
     """(profile.json path, summary with wall times); a cached profile is returned as is."""
     settings = preset_settings(p, emulation)
     types = list(p.types)
@@ -33,6 +34,7 @@ def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = 
         if cached is not None:
             return cached, {"cached": True}
     ps_megabits = emulation["ps_megabits_per_s"]
+    run_id = run_id or fresh_run_id("profile")
     started_s = time.monotonic()
     with ThreadPoolExecutor(len(types)) as pool:
         measurements = list(pool.map(
