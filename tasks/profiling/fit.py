@@ -4,7 +4,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
 - memory (Eq. 10): batch_per_gpu = alpha2 * memory_gb + beta2, from (batch, peak memory) points;
 - contention (Eq. 8, 9): alpha1, beta1 from each cluster worker's communication time;
 - loss curve (Eq. 3): gamma1..gamma5 from the smoothed loss of each profiled cluster against its
-  update count, with the cluster's WA batch size bw, convergence coefficient R and size n.
+  update count, with the cluster's WA batch size bw, convergence coefficient R and size n; the
+  residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
 """
@@ -173,7 +174,19 @@ def loss_curve(j: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
     return (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (j + g[0]) + g[4]
 
 
+def iterations_to_loss(loss: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
+    """Eq. 3 solved for j: the updates the curve needs to come down to `loss`."""
+    return (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (loss - g[4]) - g[0]
+
+
+MIN_ITERATIONS = 10.0  # relative iteration residuals are taken against at least this many updates
+
+
 def fit_loss_curve(series: Sequence[LossSeries], *, max_nfev: int | None = None) -> FitQuality:
+    """gamma1..gamma5 of Eq. 3, fitted in the space the planner uses it in: for every observed
+    (j, loss) point, the iterations the curve predicts to reach that loss against the observed j
+    (relative residuals). A loss-space fit spends its accuracy on the plateau and misses where
+    the curve crosses a target (docs/profiling.md, Measured)."""
     if not series:
         raise ProfilingError("loss-curve fit: no profiled clusters")
     for s in series:
@@ -187,20 +200,22 @@ def fit_loss_curve(series: Sequence[LossSeries], *, max_nfev: int | None = None)
     if len(series) < 2:
         raise ProfilingError("loss-curve fit: one cluster cannot separate the batch-size and cluster-size "
                              "terms; profile at least two clusters")
-    low = float(loss.min())
-    first = float(np.max([s.losses[0] for s in series]))
+    low, high = float(loss.min()), float(loss.max())
+    if high <= low:
+        raise ProfilingError("loss-curve fit: the loss did not fall in any profiled cluster")
+    scale = np.maximum(j, MIN_ITERATIONS)
     lower = np.array([0.0, -1e4, -1e4, 1e-3, min(0.0, low - abs(low) - 1.0)])
-    upper = np.array([1e6, 1e4, 1e6, 10.0, low])
+    upper = np.array([1e6, 1e4, 1e6, 10.0, low - 1e-3 * (high - low)])
     starts = []
-    scale = float(np.median(np.sqrt((cc + 0.5) * n)))
+    spread = float(np.median(np.sqrt((cc + 0.5) * n)))
     for gamma1 in (10.0, 100.0, 1000.0):
         for floor in (0.9 * low, 0.5 * low):
-            gamma3 = max(first - floor, 1e-3) * gamma1 / scale
+            gamma3 = max(high - floor, 1e-3) * gamma1 / spread
             starts.append(np.array([gamma1, 0.0, gamma3, 0.5, floor]))
-    result, x0 = _least_squares("loss-curve", lambda g: loss_curve(j, bw, cc, n, g) - loss, starts,
-                                lower, upper, max_nfev)
-    return _quality("loss-curve", ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5"), result, x0, loss,
-                    loss + result.fun)
+    result, x0 = _least_squares("loss-curve", lambda g: (iterations_to_loss(loss, bw, cc, n, g) - j) / scale,
+                                starts, lower, upper, max_nfev)
+    predicted_j = iterations_to_loss(loss, bw, cc, n, result.x)
+    return _quality("loss-curve", ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5"), result, x0, j, predicted_j)
 
 
 def _quality(name, names, result, x0, observed, predicted, residuals=None) -> FitQuality:
