@@ -28,6 +28,7 @@ def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = 
     """(profile.json path, summary with wall times); a cached profile is returned as is."""
     settings = preset_settings(p, emulation)
     types = list(p.types)
+    key = cache_key(p.workload, types, p.workload_options, settings)  # the code as it is now, before measuring
     if not force:
         cached = cached_profile(p.workload, types, workload_options=p.workload_options, settings=settings,
                                 directory=directory)
@@ -49,7 +50,6 @@ def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = 
             "clusters_total": clusters[0].wall_s if clusters else 0.0, "total": time.monotonic() - started_s}
     fitted = fit_profile(p.workload, measurements, clusters)
     info = provenance(provider.name, types, p.workload_options, settings, wall)
-    key = cache_key(p.workload, types, p.workload_options, settings)
     path = save_profile(fitted, RawMeasurements(measurements, clusters), directory, key=key, provenance_info=info)
     summary = {"cached": False, "wall_s": wall,
                "fit": {name: {"r2": q.r2, "rmse": q.rmse, "n_points": q.n_points, "params": q.params}
