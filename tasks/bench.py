@@ -10,6 +10,7 @@ import importlib
 
 BENCHES = {
     "planner": "tasks.planner.bench",
+    "runtime": "tasks.runtime.bench",
 }
 
 

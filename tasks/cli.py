@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "tasks.planner.commands",
     "tasks.catalog",
     "tasks.bench",
+    "tasks.runtime.commands",
     "tasks.profiling.commands",
 ]
 

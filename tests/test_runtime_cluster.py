@@ -111,14 +111,14 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
     interval = 5
     run = _start(provider, "psfail", checkpoint_every_updates=interval)
     try:
-        driver.add_workers(run, TYPES[0], 2, batch_size=8)
+        driver.add_workers(run, TYPES[0], 1, batch_size=8)
         driver.wait_for(run, lambda p: p.updates_total >= 3 * interval, 90)
         os.killpg(provider.pid_of("psfail", run.ps_instance.instance_id), signal.SIGKILL)
         time.sleep(0.5)
         killed_at = max(u["version"] for u in _updates(run.run_dir))
         checkpointed = max(r["version"] for r in read_records(run.run_dir) if r["kind"] == "checkpoint")
-        port = int(run.ps_address.rsplit(":", 1)[1])
-        run2 = _start(provider, "psfail", port=port, checkpoint_every_updates=interval, plan_id="ps-restart")
+        run2 = driver.restart_ps(run, plan_id="ps-restart")
+        assert run2.ps_address == run.ps_address
         progress = driver.wait_for(run2, lambda p: p.resumes == 1 and p.updates_total >= checkpointed + 5, 90)
         driver.stop_run(run2)
     finally:

@@ -39,7 +39,7 @@ def _train(spec, options, batch_size, steps):
 
 
 @pytest.mark.parametrize("spec,options,batch,steps", [
-    ("resnet20", {"width": 4}, 16, 30),
+    ("resnet20", {"width": 2}, 16, 25),
     ("transformer-lm", {"d_model": 32}, 16, 40),
 ])
 def test_builtin_workloads_learn(spec, options, batch, steps):
@@ -176,6 +176,11 @@ def test_telemetry_reader_tails_and_resets_on_resume(tmp_path):
                                                     "samples_total": 8}) + "\n")
     p = reader.poll()
     assert (p.resumes, p.samples_total, p.workers[1].left) == (1, 8, "ps_restart")
+    with open(tmp_path / "telemetry.jsonl", "a") as f:
+        f.write('{"t": 3, "kind": "upd')  # a PS killed mid-write
+    TelemetryWriter(tmp_path).write("stop", reason="test")  # the next PS ends the torn line first
+    p = reader.poll()
+    assert (p.stopped, reader.torn_lines) == ("test", 1)
 
 
 def test_traces_parse_both_formats():
@@ -186,8 +191,9 @@ def test_traces_parse_both_formats():
     parcae = load_trace(TRACES / "parcae_p3trace.csv")
     assert all(n >= 0 for _, n in parcae) and parcae[-1][0] == pytest.approx(40920.0)
     drops = revocations(parcae)
-    assert drops and all(k > 0 for _, k in drops)
-    assert sum(k for _, k in drops) == sum(max(0, a - b) for (_, a), (_, b) in zip(parcae, parcae[1:]))
+    assert drops and all(0 < f <= 1 for _, f in drops)
+    assert len(drops) == sum(1 for (_, a), (_, b) in zip(parcae, parcae[1:]) if b < a)
+    assert revocations([(0.0, 4), (5.0, 3), (9.0, 4), (12.0, 0)]) == [(5.0, 0.25), (12.0, 1.0)]
 
 
 def test_bad_trace_is_a_user_error(tmp_path):
@@ -195,3 +201,47 @@ def test_bad_trace_is_a_user_error(tmp_path):
     bad.write_text("0,jump,node1\n")
     with pytest.raises(UserInputError, match="neither Bamboo"):
         load_trace(bad)
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):
+    """The worker loop against a PS in this process: ASP updates, listener phases in order, the
+    exact count of accepted samples; then both notice that their orchestrator is gone."""
+    from tasks.runtime import wire
+    from tasks.runtime.driver import free_port
+    from tasks.runtime.worker import WorkerConfig, run_worker
+
+    port = free_port()
+    ps = ParameterServer(PsConfig(run_dir=tmp_path, port=port, workload="resnet20", workload_options={"width": 2}))
+    served = {}
+    thread = threading.Thread(target=lambda: served.setdefault("reason", ps.serve(wire.host_store(port, 30))))
+    thread.start()
+    phases = []
+
+    class Recorder:
+        def compute_start(self, step): phases.append(("compute_start", step))
+        def compute_end(self, step): phases.append(("compute_end", step))
+        def comm_start(self, step): phases.append(("comm_start", step))
+        def comm_end(self, step): phases.append(("comm_end", step))
+
+    try:
+        config = WorkerConfig("127.0.0.1", port, "resnet20", 4, {"width": 2}, max_steps=3, connect_timeout_s=10)
+        result = run_worker(config, listener=Recorder())
+        assert (result.reason, result.steps, result.samples_accepted) == ("done", 3, 12)
+        assert phases == [(p, s) for s in range(3) for p in ("compute_start", "compute_end", "comm_start", "comm_end")]
+        config.watch_pid = _dead_pid()
+        assert run_worker(config).reason == "terminated"
+        ps.config.watch_pid = _dead_pid()
+        thread.join(timeout=10)
+    finally:
+        ps.request_stop("test")
+        thread.join(timeout=10)
+    assert served["reason"] == "orchestrator_gone"
+    assert (ps.version, ps.samples_total) == (3, 12)

@@ -3,20 +3,22 @@
 Each instance is a local process (its Startup argv; "python" means this interpreter) started in
 its own process group, with its output in <artifacts>/<run-id>/logs/<instance-id>.log. Its
 instance type shapes it: the provider passes SPOTFILL_INSTANCE_ID, SPOTFILL_INSTANCE_TYPE,
-SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the PS shapes its
-traffic to it, times `bandwidth_scale`), SPOTFILL_NOTICE_FILE and, if set,
+SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the type's network
+bandwidth times `bandwidth_scale`, which the PS shapes the worker's traffic to; bandwidth_scale=None:
+not shaped), SPOTFILL_NOTICE_FILE and, if set,
 SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 
 The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
-SIGTERM/SIGINT.
+SIGTERM/SIGINT; should it be killed outright (SIGKILL), the PS and workers see that the pid in
+SPOTFILL_WATCH_PID is gone and stop by themselves.
 
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
 process group) if it has not left by then (`revoked` event). `replay_trace` does the same from a
-real trace (tasks.providers.traces), time-scaled: at every drop of the trace's live count, that
-many of the run's running spot workers get a notice.
+real trace (tasks.providers.traces), time-scaled: at every drop of the trace's live count, the
+same fraction of the run's running spot workers get a notice.
 
 Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
 speeds) with GPU and network facts from profiles/local-instance-facts.json. Relative speed is a
@@ -92,7 +94,7 @@ class LocalProvider(Provider):
         types: list[InstanceType] | None = None,
         relative_speed: dict[str, float] | None = None,
         *,
-        bandwidth_scale: float = 1.0,
+        bandwidth_scale: float | None = 1.0,
         reference_compute_s: float | None = None,
         terminate_grace_s: float = 10.0,
     ):
@@ -214,9 +216,11 @@ class LocalProvider(Provider):
             "SPOTFILL_INSTANCE_ID": instance_id,
             "SPOTFILL_INSTANCE_TYPE": instance_type,
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
-            "SPOTFILL_NIC_MBPS": repr(itype.network_mbps * self.bandwidth_scale),
             "SPOTFILL_NOTICE_FILE": str(notice_file),
+            "SPOTFILL_WATCH_PID": str(os.getpid()),
         }
+        if self.bandwidth_scale is not None:
+            env["SPOTFILL_NIC_MBPS"] = repr(itype.network_mbps * self.bandwidth_scale)
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]
@@ -313,18 +317,25 @@ class LocalProvider(Provider):
     def replay_trace(self, run_id: str, trace_path: Path, time_scale: float, notice_s: float,
                      instance_type: str | None = None) -> threading.Thread:
         """Replay a trace's revocations against this run's spot workers, `time_scale` trace seconds
-        per real second, in a background thread (returned; it stops when the trace ends)."""
+        per real second, in a background thread (returned; it ends with the trace). A drop that
+        took a fraction f of the trace's instances gives f of the run's running spot workers a
+        notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
+        4-worker run in proportion."""
         drops = revocations(load_trace(trace_path))
         start_s = time.monotonic()
 
         def replay() -> None:
-            for at_s, taken in drops:
+            carry = 0.0
+            for at_s, fraction in drops:
                 delay_s = at_s / time_scale - (time.monotonic() - start_s)
                 if delay_s > 0:
                     time.sleep(delay_s)
                 victims = [i for i in self.describe(run_id) if i.role == "worker" and i.market == "spot"
                            and i.state == "running" and instance_type in (None, i.type)]
-                for victim in victims[-taken:] if taken else []:
+                carry += fraction * len(victims)
+                taken = min(len(victims), int(carry + 1e-9))
+                carry -= taken
+                for victim in victims[len(victims) - taken:]:
                     self.inject_revocation(run_id, victim.instance_id, notice_s)
 
         thread = threading.Thread(target=replay, daemon=True, name=f"trace-{run_id}")

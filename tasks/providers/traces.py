@@ -47,6 +47,6 @@ def load_trace(path: Path) -> list[tuple[float, int]]:
     return steps
 
 
-def revocations(steps: list[tuple[float, int]]) -> list[tuple[float, int]]:
-    """[(time, how many instances were taken)] at each drop of the live count."""
-    return [(t, prev - n) for (_, prev), (t, n) in zip(steps, steps[1:]) if n < prev]
+def revocations(steps: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """[(time, fraction of the live instances taken)] at each drop of the live count."""
+    return [(t, (prev - n) / prev) for (_, prev), (t, n) in zip(steps, steps[1:]) if n < prev]

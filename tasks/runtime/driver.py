@@ -34,6 +34,7 @@ class TrainingRun:
     ps_instance: Instance
     workload: str
     workload_options: dict = field(default_factory=dict)
+    ps_settings: dict = field(default_factory=dict)  # start_run's PS keyword arguments, for restarts
     reader: TelemetryReader | None = None
 
     def progress(self) -> ClusterProgress:
@@ -97,8 +98,21 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             provider.terminate([ps_instance.instance_id])
             raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
         time.sleep(0.05)
+    settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
+                    checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
+                    target_loss=target_loss)
     return TrainingRun(run_id, run_dir, provider, f"{ps_instance.address}:{port}", ps_instance,
-                       workload, workload_options)
+                       workload, workload_options, settings)
+
+
+def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0) -> TrainingRun:
+    """Start a new PS for a run whose PS died: same run directory (it resumes from the newest good
+    checkpoint), same port (the workers rejoin by themselves), same settings; `plan_id` must be
+    new (launches are idempotent per plan id)."""
+    port = int(run.ps_address.rsplit(":", 1)[1])
+    return start_run(run.provider, run.run_id, run.workload, workload_options=run.workload_options,
+                     run_dir=run.run_dir, port=port, plan_id=plan_id, ready_timeout_s=ready_timeout_s,
+                     **run.ps_settings)
 
 
 def worker_startup(run: TrainingRun, batch_size: int, extra_args: tuple[str, ...] = ()) -> Startup:

@@ -4,11 +4,13 @@ as it arrives (asynchronous SGD), and tracks per-worker staleness.
 One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
 applied exactly once and counted once. A worker's learning rate follows its batch size
 (Workload.lr_for_batch). The emulated network (shaping.Shaper) is applied here, where all traffic
-meets. The server checkpoints atomically every `checkpoint_every_s` seconds or
-`checkpoint_every_updates` updates, and on start resumes from the newest good checkpoint in
+meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
+`checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
+lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
-loss, a file <run_dir>/STOP, or SIGTERM/SIGINT; it then tells each worker to stop at its next
-exchange and writes a final checkpoint.
+loss, a file <run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the
+local orchestrator, killed with no chance to clean up); it then tells each worker to stop at its
+next exchange and writes a final checkpoint.
 
 Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
 When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
@@ -30,12 +32,14 @@ import torch
 
 from tasks.errors import UserInputError
 from tasks.runtime import checkpoint, wire
+from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
 
 STOP_FILE = "STOP"
 READY_FILE = "ps.json"
+POLL_S = 0.1  # the main loop's period (joins, checkpoints, stop): each poll costs a store round trip
 
 
 @dataclass
@@ -52,6 +56,7 @@ class PsConfig:
     loss_smoothing: float = 0.1
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
+    watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
 
 
 class ParameterServer:
@@ -75,6 +80,9 @@ class ParameterServer:
         self.checkpoint_dir = config.run_dir / "checkpoints"
         self._handlers: list[threading.Thread] = []
         self._last_checkpoint_version = -1
+        self._last_checkpoint_updates = 0
+        self._pending_checkpoint: dict | None = None
+        self._wake = threading.Event()  # set when a checkpoint snapshot waits to be written
 
     # ------------------------------------------------------------ state and checkpoints
 
@@ -102,26 +110,35 @@ class ParameterServer:
         self.smoothed_loss = state["smoothed_loss"]
         self.next_worker_id = state["next_worker_id"]
         self._last_checkpoint_version = self.version
+        self._last_checkpoint_updates = self.updates_total
         self.telemetry.write("resume", version=self.version, updates_total=self.updates_total,
                              samples_total=self.samples_total)
         return True
 
-    def write_checkpoint(self) -> None:
-        with self.lock:
-            if self.version == self._last_checkpoint_version:
-                return
-            state = {
-                "workload": self.config.workload,
-                "workload_options": self.config.workload_options,
-                "params": wire.flatten_state(self.model),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "version": self.version,
-                "updates_total": self.updates_total,
-                "samples_total": self.samples_total,
-                "smoothed_loss": self.smoothed_loss,
-                "next_worker_id": self.next_worker_id,
-            }
-            self._last_checkpoint_version = self.version
+    def _snapshot(self) -> dict:
+        """The state a checkpoint holds; the caller holds the lock."""
+        self._last_checkpoint_version = self.version
+        self._last_checkpoint_updates = self.updates_total
+        return {
+            "workload": self.config.workload,
+            "workload_options": self.config.workload_options,
+            "params": wire.flatten_state(self.model),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "version": self.version,
+            "updates_total": self.updates_total,
+            "samples_total": self.samples_total,
+            "smoothed_loss": self.smoothed_loss,
+            "next_worker_id": self.next_worker_id,
+        }
+
+    def write_checkpoint(self, state: dict | None = None) -> None:
+        """Write `state` (a snapshot taken at an update) or a snapshot of now, unless nothing
+        changed since the last one."""
+        if state is None:
+            with self.lock:
+                if self.version == self._last_checkpoint_version:
+                    return
+                state = self._snapshot()
         path = checkpoint.save_checkpoint(self.checkpoint_dir, state["version"], state)
         self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
                              samples_total=state["samples_total"], path=str(path))
@@ -132,12 +149,11 @@ class ParameterServer:
         with self.lock:
             if self.stopping:
                 return False
-            n_params = sum(p.numel() for p in self.params)
             offset = 0
             for p in self.params:
                 p.grad = push[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-            wire.unflatten_into(push[n_params:], self.tensors[len(self.params):])
+            wire.unflatten_into(push[offset:], self.tensors[len(self.params):])
             lr = self.workload.lr_for_batch(batch_size)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -155,6 +171,10 @@ class ParameterServer:
                 samples_total=self.samples_total, updates_total=self.updates_total,
             )
             c = self.config
+            if (c.checkpoint_every_updates is not None
+                    and self.updates_total - self._last_checkpoint_updates >= c.checkpoint_every_updates):
+                self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
+                self._wake.set()
             if c.max_updates is not None and self.updates_total >= c.max_updates:
                 self.stopping = "max_updates"
             elif c.target_loss is not None and self.smoothed_loss <= c.target_loss:
@@ -213,16 +233,14 @@ class ParameterServer:
             self.shaper.remove_worker(worker_id)
             self.telemetry.write("leave", worker=worker_id, reason=reason)
 
-    def serve(self) -> str:
+    def serve(self, store) -> str:
         """Accept workers and checkpoint until stopped; returns the stop reason."""
         c = self.config
-        store = wire.host_store(c.port, c.op_timeout_s)
         if self.next_worker_id:
             store.add(wire.COUNTER_KEY, self.next_worker_id)  # ids stay unique across restarts
         _write_json_atomic(c.run_dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
-        last_checkpoint_updates = self.updates_total
         stop_file = c.run_dir / STOP_FILE
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
@@ -233,17 +251,24 @@ class ParameterServer:
                 thread = threading.Thread(target=self._serve_worker, args=(store, accepted), daemon=True)
                 thread.start()
                 self._handlers.append(thread)
-            due_by_time = time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s
-            due_by_updates = (c.checkpoint_every_updates is not None
-                              and self.updates_total - last_checkpoint_updates >= c.checkpoint_every_updates)
-            if due_by_time or due_by_updates:
+            with self.lock:
+                pending, self._pending_checkpoint = self._pending_checkpoint, None
+            if pending is not None:
+                self.write_checkpoint(pending)
+                last_checkpoint_s = time.monotonic()
+            if time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s:
                 self.write_checkpoint()
                 last_checkpoint_s = time.monotonic()
-                last_checkpoint_updates = self.updates_total
             if stop_file.exists():
-                with self.lock:
-                    self.stopping = self.stopping or "stop_file"
-            time.sleep(0.02)
+                self.request_stop("stop_file")
+            if c.watch_pid and not pid_alive(c.watch_pid):
+                self.request_stop("orchestrator_gone")
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+        with self.lock:
+            pending, self._pending_checkpoint = self._pending_checkpoint, None
+        if pending is not None:
+            self.write_checkpoint(pending)
         self.write_checkpoint()
         deadline_s = time.monotonic() + c.stop_grace_s
         for thread in self._handlers:  # workers hear "stop" at their next exchange
@@ -254,6 +279,7 @@ class ParameterServer:
         return self.stopping
 
     def request_stop(self, reason: str) -> None:
+        """Also called from signal handlers, so it takes no lock (one attribute write)."""
         self.stopping = self.stopping or reason
 
 
@@ -265,7 +291,7 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks.cli import OneLineParser
-    from tasks.cli_args import positive_float
+    from tasks.cli_args import positive_float, positive_int
 
     p = OneLineParser(prog="python -m tasks.runtime.ps", description="spotfill parameter server")
     p.add_argument("--run-dir", type=Path, required=True)
@@ -274,10 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
     p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
-    p.add_argument("--checkpoint-every-updates", type=int, default=None)
-    p.add_argument("--max-updates", type=int, default=None)
+    p.add_argument("--checkpoint-every-updates", type=positive_int, default=None)
+    p.add_argument("--max-updates", type=positive_int, default=None)
     p.add_argument("--target-loss", type=positive_float, default=None)
     p.add_argument("--stop-grace-s", type=positive_float, default=10.0)
+    p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
+                   help="stop when this process is gone (the local provider sets it to the orchestrator)")
     return p
 
 
@@ -290,15 +318,20 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
+            watch_pid=args.watch_pid,
         )
         server = ParameterServer(config)
         server.resume()
+        try:
+            store = wire.host_store(config.port, config.op_timeout_s)
+        except RuntimeError as err:
+            raise UserInputError(f"cannot listen on port {config.port}: {str(err).splitlines()[0][:120]}") from None
     except UserInputError as err:
         sys.stderr.write(f"spotfill ps: error: {err}\n")
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop("signal"))
-    reason = server.serve()
+    reason = server.serve(store)
     sys.stderr.write(f"spotfill ps: stopped ({reason}) at version {server.version}\n")
     sys.stdout.flush()
     os._exit(0)  # handler threads may still sit in a gloo recv from a silent worker

@@ -4,8 +4,8 @@ File: <run_dir>/telemetry.jsonl, one JSON object a line, appended and flushed as
 Every record has `t` (epoch seconds) and `kind`:
 - `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
   iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
-  instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker),
-  wait_s (what the emulated network shaping added at the PS for this update), base_version (the
+  instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker;
+  null on its first), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update).
@@ -17,7 +17,8 @@ Every record has `t` (epoch seconds) and `kind`:
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
 - `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal).
-A reader tolerates a half-written last line (it is read again on the next poll).
+A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
+PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
 """
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ class TelemetryWriter:
     def __init__(self, run_dir: Path):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / FILE_NAME
+        torn = self.path.exists() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
         self._file = open(self.path, "a", encoding="utf-8")
+        if torn:  # a PS killed mid-write left half a line: end it, readers skip it
+            self._file.write("\n")
         self._lock = threading.Lock()
 
     def write(self, kind: str, **fields) -> None:
@@ -87,6 +91,7 @@ class TelemetryReader:
         self.loss_smoothing = loss_smoothing
         self.progress = ClusterProgress()
         self.records: list[dict] = []
+        self.torn_lines = 0
         self._offset = 0
 
     def poll(self) -> ClusterProgress:
@@ -98,10 +103,13 @@ class TelemetryReader:
         end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
         self._offset += end
         for line in data[:end].splitlines():
-            if line.strip():
+            try:
                 record = json.loads(line)
-                self.records.append(record)
-                self._apply(record)
+            except json.JSONDecodeError:
+                self.torn_lines += 1  # half a record from a PS killed mid-write
+                continue
+            self.records.append(record)
+            self._apply(record)
         return self.progress
 
     def _apply(self, r: dict) -> None:

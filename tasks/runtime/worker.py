@@ -17,7 +17,7 @@ input is one line on stderr and exit 2.
 Run: python -m tasks.runtime.worker --ps HOST:PORT --workload W --batch-size B [options]
 The local provider passes instance facts in the environment: SPOTFILL_INSTANCE_ID,
 SPOTFILL_INSTANCE_TYPE, SPOTFILL_RELATIVE_SPEED, SPOTFILL_NIC_MBPS, SPOTFILL_NOTICE_FILE,
-SPOTFILL_REFERENCE_COMPUTE_S (options given on the command line win).
+SPOTFILL_REFERENCE_COMPUTE_S, SPOTFILL_WATCH_PID (options given on the command line win).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import torch
 from tasks.errors import UserInputError
 from tasks.phases import NoListener, PhaseListener
 from tasks.runtime import wire
+from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
 
@@ -57,6 +58,7 @@ class WorkerConfig:
     reconnect_timeout_s: float = 60.0
     op_timeout_s: float = 300.0
     max_steps: int | None = None  # leave after this many iterations (tests, profiling)
+    watch_pid: int | None = None  # leave when this process (the local orchestrator) is gone
 
 
 @dataclass
@@ -84,10 +86,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _connect(config: WorkerConfig, timeout_s: float) -> tuple[int, object, wire.Link]:
+def _connect(config: WorkerConfig, timeout_s: float) -> wire.Link:
     description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
                    "batch_size": config.batch_size, "nic_mbps": config.nic_mbps, "pid": os.getpid()}
-    return wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
+    _worker_id, _store, link = wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
+    return link
 
 
 def _pull(link: wire.Link, header: torch.Tensor, params: torch.Tensor) -> bool:
@@ -116,7 +119,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
     header = wire.new_header()
     params = torch.empty(wire.flat_size(model))
     try:
-        worker_id, store, link = _connect(config, config.connect_timeout_s)
+        link = _connect(config, config.connect_timeout_s)
     except (RuntimeError, TimeoutError) as err:
         raise UserInputError(
             f"cannot reach the parameter server at {config.ps_host}:{config.ps_port} "
@@ -139,6 +142,8 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 base_version = int(header[1].item())
                 need_pull = False
             leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
+            if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
+                leave = "terminated"
             if leave is None and config.max_steps is not None and step >= config.max_steps:
                 leave = "done"
             if leave:
@@ -182,8 +187,11 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
             deadline_s = time.monotonic() + config.reconnect_timeout_s
             while True:
+                if leave_flag.reason or (config.watch_pid and not pid_alive(config.watch_pid)):
+                    # told to go while the PS is away: there is nobody to tell
+                    return WorkerResult(leave_flag.reason or "terminated", step, samples_accepted, rejoins)
                 try:
-                    worker_id, store, link = _connect(config, min(5.0, config.reconnect_timeout_s))
+                    link = _connect(config, min(1.0, config.reconnect_timeout_s))
                     break
                 except (RuntimeError, TimeoutError):
                     if time.monotonic() >= deadline_s:
@@ -204,16 +212,7 @@ def _env_float(name: str) -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks.cli import OneLineParser
-    from tasks.cli_args import positive_float
-
-    def positive_int(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-        return value
+    from tasks.cli_args import positive_float, positive_int
 
     p = OneLineParser(prog="python -m tasks.runtime.worker", description="spotfill training worker")
     p.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
@@ -232,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
     p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
     p.add_argument("--max-steps", type=positive_int, default=None)
+    p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
+                   help="leave when this process is gone (the local provider sets it to the orchestrator)")
     return p
 
 
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             reference_compute_s=args.reference_compute_s, nic_mbps=args.nic_mbps,
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
-            max_steps=args.max_steps,
+            max_steps=args.max_steps, watch_pid=args.watch_pid,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)

@@ -1,0 +1,86 @@
+"""`spotfill train`: run asynchronous PS training on the local provider until a step budget, a
+target loss or a time limit; optionally with revocations replayed from a real spot trace."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tasks.cli_args import counts, positive_float, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train on the local provider (an emulated spot cloud)")
+    p.add_argument("--workload", required=True, help="resnet20..resnet110[-cifar100], transformer-lm, or module:function")
+    p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--workers", type=counts, required=True, help="TYPE=N,... spot workers to launch")
+    p.add_argument("--batch-size", type=positive_int, required=True, help="per worker")
+    p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
+    p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
+    p.add_argument("--timeout-s", type=positive_float, default=600.0, help="stop after this long")
+    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
+    p.add_argument("--bandwidth-scale", type=positive_float, default=None,
+                   help="shape each worker's traffic to its type's network bandwidth times this")
+    p.add_argument("--reference-compute-s", type=positive_float, default=None,
+                   help="emulated compute time per iteration of a relative-speed-1 type")
+    p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
+    p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
+    p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
+    p.add_argument("--notice-s", type=positive_float, default=5.0, help="revocation notice period")
+    p.add_argument("--run-id", default=None, help="default: train-<time>")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import time
+
+    from tasks.cli import print_json
+    from tasks.errors import UserInputError
+    from tasks.progress import ProgressBar
+    from tasks.providers.local import LocalProvider
+    from tasks.runtime import driver
+    from tasks.runtime.workloads import parse_options
+
+    if not any(args.workers.values()):
+        raise UserInputError("--workers launches no worker")
+    provider = LocalProvider(bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
+    unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
+    if unknown:
+        raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
+    run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
+    started_s = time.monotonic()
+    run = driver.start_run(provider, run_id, args.workload, workload_options=parse_options(args.workload_opt),
+                           ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s,
+                           max_updates=args.max_updates, target_loss=args.target_loss)
+    try:
+        for instance_type, n in args.workers.items():
+            driver.add_workers(run, instance_type, n, args.batch_size)
+        if args.trace:
+            provider.replay_trace(run_id, args.trace, args.trace_time_scale, args.notice_s)
+        bar = ProgressBar(args.max_updates or 1, f"train {run_id}")
+        deadline_s = started_s + args.timeout_s
+
+        def done(progress) -> bool:
+            bar.advance(max(0, progress.updates_total - bar.done), f"loss {progress.smoothed_loss or float('nan'):.3f}")
+            return time.monotonic() >= deadline_s
+
+        driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
+        bar.close()
+        final = driver.stop_run(run)
+    finally:
+        provider.cleanup(run_id)
+    result = {
+        "run_id": run_id, "run_dir": str(run.run_dir), "stopped": final.stopped,
+        "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
+        "elapsed_s": time.monotonic() - started_s, "resumes": final.resumes,
+        "workers": {str(w): {"instance_type": s.instance_type, "updates": s.updates, "samples": s.samples,
+                             "max_staleness": s.max_staleness, "left": s.left} for w, s in final.workers.items()},
+    }
+    if args.json:
+        print_json(result)
+    else:
+        loss = "n/a" if final.smoothed_loss is None else f"{final.smoothed_loss:.4f}"
+        print(f"run {run_id}: {result['updates']} updates, {result['samples']} samples, smoothed loss {loss}, "
+              f"stopped by {result['stopped']}, {result['elapsed_s']:.1f} s")
+        print(f"telemetry: {run.run_dir}/telemetry.jsonl")
+    return 0
