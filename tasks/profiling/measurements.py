@@ -80,10 +80,3 @@ class ClusterMeasurement(BaseModel):
     def n(self) -> int:
         return sum(self.cluster.values())
 
-
-def check_finite_losses(losses: list[float], where: str) -> None:
-    """A diverged run (NaN/inf loss) must stop profiling with the cause named."""
-    for j, loss in enumerate(losses):
-        if loss != loss or loss in (float("inf"), float("-inf")):
-            raise ProfilingError(f"{where}: the loss diverged (non-finite at update {j + 1}); "
-                                 "lower the learning rate or check the workload")
