@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "tasks.cleanup",
     "tasks.market.simulate",
     "tasks.runtime.commands",
+    "tasks.profiling.commands",
 ]
 
 

@@ -176,6 +176,11 @@ def test_telemetry_reader_tails_and_resets_on_resume(tmp_path):
                                                     "samples_total": 8}) + "\n")
     p = reader.poll()
     assert (p.resumes, p.samples_total, p.workers[1].left) == (1, 8, "ps_restart")
+    with open(tmp_path / "telemetry.jsonl", "a") as f:
+        f.write('{"t": 3, "kind": "upd')  # a PS killed mid-write
+    TelemetryWriter(tmp_path).write("stop", reason="test")  # the next PS ends the torn line first
+    p = reader.poll()
+    assert (p.stopped, reader.torn_lines) == ("test", 1)
 
 
 def test_traces_parse_both_formats():

@@ -203,7 +203,7 @@ class LocalProvider(Provider):
             return LaunchResult([self._instance(r) for r in started], unavailable)
 
     def _start(self, run_id, table, plan_id, instance_type, role, market, startup) -> dict:
-        instance_id = f"local-{table['next_id']:04d}"
+        instance_id = f"local-{run_id}-{table['next_id']:04d}"  # unique across runs: terminate() looks in every run
         table["next_id"] += 1
         run_dir = self.run_dir(run_id)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -101,8 +101,6 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], lis
 def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float) -> tuple[dict[str, float], float]:
     """Samples/s of the cluster at each worker count (ascending; workers are added to reach the
     next count, launched together), and the parameter megabytes moved per push (and per pull)."""
-    import torch  # noqa: F401  (the driver validates the workload, which builds it)
-
     from tasks.runtime import wire
     from tasks.runtime.workloads import build_workload
 

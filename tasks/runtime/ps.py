@@ -4,8 +4,9 @@ as it arrives (asynchronous SGD), and tracks per-worker staleness.
 One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
 applied exactly once and counted once. A worker's learning rate follows its batch size
 (Workload.lr_for_batch). The emulated network (shaping.Shaper) is applied here, where all traffic
-meets. The server checkpoints atomically every `checkpoint_every_s` seconds or
-`checkpoint_every_updates` updates, and on start resumes from the newest good checkpoint in
+meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
+`checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
+lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
 loss, a file <run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the
 local orchestrator, killed with no chance to clean up); it then tells each worker to stop at its
@@ -79,6 +80,9 @@ class ParameterServer:
         self.checkpoint_dir = config.run_dir / "checkpoints"
         self._handlers: list[threading.Thread] = []
         self._last_checkpoint_version = -1
+        self._last_checkpoint_updates = 0
+        self._pending_checkpoint: dict | None = None
+        self._wake = threading.Event()  # set when a checkpoint snapshot waits to be written
 
     # ------------------------------------------------------------ state and checkpoints
 
@@ -106,26 +110,35 @@ class ParameterServer:
         self.smoothed_loss = state["smoothed_loss"]
         self.next_worker_id = state["next_worker_id"]
         self._last_checkpoint_version = self.version
+        self._last_checkpoint_updates = self.updates_total
         self.telemetry.write("resume", version=self.version, updates_total=self.updates_total,
                              samples_total=self.samples_total)
         return True
 
-    def write_checkpoint(self) -> None:
-        with self.lock:
-            if self.version == self._last_checkpoint_version:
-                return
-            state = {
-                "workload": self.config.workload,
-                "workload_options": self.config.workload_options,
-                "params": wire.flatten_state(self.model),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "version": self.version,
-                "updates_total": self.updates_total,
-                "samples_total": self.samples_total,
-                "smoothed_loss": self.smoothed_loss,
-                "next_worker_id": self.next_worker_id,
-            }
-            self._last_checkpoint_version = self.version
+    def _snapshot(self) -> dict:
+        """The state a checkpoint holds; the caller holds the lock."""
+        self._last_checkpoint_version = self.version
+        self._last_checkpoint_updates = self.updates_total
+        return {
+            "workload": self.config.workload,
+            "workload_options": self.config.workload_options,
+            "params": wire.flatten_state(self.model),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "version": self.version,
+            "updates_total": self.updates_total,
+            "samples_total": self.samples_total,
+            "smoothed_loss": self.smoothed_loss,
+            "next_worker_id": self.next_worker_id,
+        }
+
+    def write_checkpoint(self, state: dict | None = None) -> None:
+        """Write `state` (a snapshot taken at an update) or a snapshot of now, unless nothing
+        changed since the last one."""
+        if state is None:
+            with self.lock:
+                if self.version == self._last_checkpoint_version:
+                    return
+                state = self._snapshot()
         path = checkpoint.save_checkpoint(self.checkpoint_dir, state["version"], state)
         self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
                              samples_total=state["samples_total"], path=str(path))
@@ -158,6 +171,10 @@ class ParameterServer:
                 samples_total=self.samples_total, updates_total=self.updates_total,
             )
             c = self.config
+            if (c.checkpoint_every_updates is not None
+                    and self.updates_total - self._last_checkpoint_updates >= c.checkpoint_every_updates):
+                self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
+                self._wake.set()
             if c.max_updates is not None and self.updates_total >= c.max_updates:
                 self.stopping = "max_updates"
             elif c.target_loss is not None and self.smoothed_loss <= c.target_loss:
@@ -224,7 +241,6 @@ class ParameterServer:
         _write_json_atomic(c.run_dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
-        last_checkpoint_updates = self.updates_total
         stop_file = c.run_dir / STOP_FILE
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
@@ -235,18 +251,24 @@ class ParameterServer:
                 thread = threading.Thread(target=self._serve_worker, args=(store, accepted), daemon=True)
                 thread.start()
                 self._handlers.append(thread)
-            due_by_time = time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s
-            due_by_updates = (c.checkpoint_every_updates is not None
-                              and self.updates_total - last_checkpoint_updates >= c.checkpoint_every_updates)
-            if due_by_time or due_by_updates:
+            with self.lock:
+                pending, self._pending_checkpoint = self._pending_checkpoint, None
+            if pending is not None:
+                self.write_checkpoint(pending)
+                last_checkpoint_s = time.monotonic()
+            if time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s:
                 self.write_checkpoint()
                 last_checkpoint_s = time.monotonic()
-                last_checkpoint_updates = self.updates_total
             if stop_file.exists():
                 self.request_stop("stop_file")
             if c.watch_pid and not pid_alive(c.watch_pid):
                 self.request_stop("orchestrator_gone")
-            time.sleep(POLL_S)
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+        with self.lock:
+            pending, self._pending_checkpoint = self._pending_checkpoint, None
+        if pending is not None:
+            self.write_checkpoint(pending)
         self.write_checkpoint()
         deadline_s = time.monotonic() + c.stop_grace_s
         for thread in self._handlers:  # workers hear "stop" at their next exchange

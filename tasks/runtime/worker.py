@@ -86,10 +86,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _connect(config: WorkerConfig, timeout_s: float) -> tuple[int, object, wire.Link]:
+def _connect(config: WorkerConfig, timeout_s: float) -> wire.Link:
     description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
                    "batch_size": config.batch_size, "nic_mbps": config.nic_mbps, "pid": os.getpid()}
-    return wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
+    _worker_id, _store, link = wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
+    return link
 
 
 def _pull(link: wire.Link, header: torch.Tensor, params: torch.Tensor) -> bool:
@@ -118,7 +119,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
     header = wire.new_header()
     params = torch.empty(wire.flat_size(model))
     try:
-        worker_id, store, link = _connect(config, config.connect_timeout_s)
+        link = _connect(config, config.connect_timeout_s)
     except (RuntimeError, TimeoutError) as err:
         raise UserInputError(
             f"cannot reach the parameter server at {config.ps_host}:{config.ps_port} "
@@ -186,8 +187,11 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
             deadline_s = time.monotonic() + config.reconnect_timeout_s
             while True:
+                if leave_flag.reason or (config.watch_pid and not pid_alive(config.watch_pid)):
+                    # told to go while the PS is away: there is nobody to tell
+                    return WorkerResult(leave_flag.reason or "terminated", step, samples_accepted, rejoins)
                 try:
-                    worker_id, store, link = _connect(config, min(5.0, config.reconnect_timeout_s))
+                    link = _connect(config, min(1.0, config.reconnect_timeout_s))
                     break
                 except (RuntimeError, TimeoutError):
                     if time.monotonic() >= deadline_s:

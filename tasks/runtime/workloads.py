@@ -250,8 +250,3 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
     if not isinstance(built, Workload):
         raise UserInputError(f"workload plug-in {spec!r} returned {type(built).__name__}, not a Workload")
     return built
-
-
-def param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-

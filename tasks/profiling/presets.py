@@ -1,0 +1,85 @@
+"""Ready-made profiling setups for the `local` provider (the emulated spot cloud).
+
+The emulation is set so that the model's terms are all visible: compute is padded to
+`reference_compute_s / relative_speed` of each type, one worker alone spends `comm_alone_s` on its
+push and pull (the provider's bandwidth_scale is derived from the workload's parameter size), and
+the PS's NIC is `ps_share` times one worker's, so larger clusters saturate it (the contention
+regime). Both types of the quick preset have the same NIC (10 Gigabit), as the model has one Breq.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    workload: str
+    workload_options: dict
+    types: tuple[str, ...]
+    batch_per_gpu: int
+    reference_compute_s: float  # the fastest type's padded compute per iteration
+    comm_alone_s: float  # one worker's emulated push + pull time alone
+    ps_share: float  # PS NIC / one worker's NIC
+    iterations: int  # single-type profiling
+    fit_clusters: tuple[dict, ...]
+    cluster_duration_s: float
+    validation_configs: tuple[dict, ...]
+    loss_target: float
+    parallel: int = 1  # validation runs at once (1: no run disturbs another's timing)
+    settings: dict = field(default_factory=dict)
+
+    def emulation(self, param_mb: float, nic_megabits_per_s: float) -> dict:
+        """Provider and PS settings: bandwidth_scale for the provider, ps_megabits_per_s for runs."""
+        worker_megabits = 2 * param_mb * 8 / self.comm_alone_s
+        return {"bandwidth_scale": worker_megabits / nic_megabits_per_s,
+                "ps_megabits_per_s": self.ps_share * worker_megabits,
+                "reference_compute_s": self.reference_compute_s}
+
+
+P3, G3 = "p3.2xlarge", "g3.8xlarge"
+# 2, 4 and 7 workers whose WA batch sizes span the validation clusters' (about 8.7 to 13 samples at
+# batch_per_gpu 8), so the batch-size and cluster-size terms of the loss curve are both identified.
+FIT_CLUSTERS = ({P3: 1, G3: 1}, {P3: 1, G3: 3}, {P3: 6, G3: 1})
+
+QUICK = Preset(
+    name="quick", workload="transformer-lm", workload_options={"seq_len": 16}, types=(P3, G3), batch_per_gpu=16,
+    reference_compute_s=0.1, comm_alone_s=0.05, ps_share=1.25, iterations=30,
+    fit_clusters=FIT_CLUSTERS, cluster_duration_s=20.0,
+    validation_configs=({P3: 2}, {P3: 1, G3: 2}, {P3: 3, G3: 1}, {P3: 2, G3: 3}, {P3: 4, G3: 2}),
+    loss_target=1.75, parallel=1,
+)
+
+FULL = Preset(
+    name="full", workload="transformer-lm", workload_options={"seq_len": 16}, types=(P3, G3), batch_per_gpu=16,
+    reference_compute_s=0.1, comm_alone_s=0.05, ps_share=1.25, iterations=30,
+    fit_clusters=FIT_CLUSTERS, cluster_duration_s=40.0,
+    validation_configs=({P3: 2}, {P3: 1, G3: 2}, {P3: 3, G3: 1}, {P3: 2, G3: 3}, {P3: 4, G3: 2}, {P3: 5, G3: 1},
+                        {G3: 4}),
+    loss_target=1.75, parallel=1,
+)
+
+PRESETS = {p.name: p for p in (QUICK, FULL)}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise UserInputError(f"unknown profiling preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def local_provider(p: Preset, artifacts_dir: Path):
+    """A LocalProvider emulating `p`'s network, and the PS cap (megabits/s) for its runs."""
+    from tasks.profiling.single import param_mb
+    from tasks.providers.local import LocalProvider, default_types
+
+    types = {t.name: t for t in default_types()[0]}
+    nics = {types[name].network_mbps for name in p.types}
+    if len(nics) != 1:
+        raise UserInputError(f"preset {p.name}: types {p.types} have different NICs {sorted(nics)}; the model has one Breq")
+    e = p.emulation(param_mb(p.workload, p.workload_options), nics.pop())
+    provider = LocalProvider(artifacts_dir, bandwidth_scale=e["bandwidth_scale"], reference_compute_s=e["reference_compute_s"])
+    return provider, e

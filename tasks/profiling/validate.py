@@ -1,0 +1,229 @@
+"""Validation: train held-out clusters to a loss target and compare with the model's prediction.
+
+For every configuration: the observed training time (first update to the update on which the
+PS's smoothed loss reached the target) and iterations (PS updates until then), against the
+model's prediction (tasks.model.Model) and against a contention-blind baseline, the same model
+with an unlimited PS (every worker at its ideal speed, cluster speed = the sum of the ideal
+speeds, as CM-DARE predicts it).
+
+Workers start a few seconds apart (process start-up), so both predictions are replayed on the
+observed start schedule: worker i contributes 1/T_i updates per second from its first update on,
+and the predicted time is when those add up to the predicted iterations. Start-up itself is the
+provider's overhead, reported separately (start_skew_s), not the model's to predict.
+
+The error is split in two: `speed_time_error` replays the OBSERVED iterations on the predicted
+iteration times (the speed and contention model alone); `time_error` uses the predicted iterations
+(speed and loss-curve model together).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from tasks.model import Model
+from tasks.profile import Profile
+from tasks.profiling.measurements import ProfilingError
+from tasks.profiling.runs import check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
+from tasks.providers.base import Provider
+
+UNLIMITED_MBPS = 1e12
+
+
+class ConfigResult(BaseModel):
+    cluster: dict[str, int]
+    predicted_time_s: float
+    observed_time_s: float
+    time_error: float
+    predicted_iterations: float
+    observed_iterations: int
+    iterations_error: float
+    predicted_iteration_time_s: float  # Texp of the model
+    observed_iteration_time_s: float  # steady: seconds per update once every worker was in
+    predicted_steady_time_s: float  # iterations * Texp, without the start schedule
+    baseline_time_s: float
+    baseline_time_error: float
+    # the speed model alone: the observed iterations on the predicted iteration times
+    speed_time_error: float
+    baseline_speed_time_error: float
+    start_skew_s: float  # last worker's first update - first update
+    wall_s: float
+
+
+class ValidationReport(BaseModel):
+    workload: str
+    loss_target: float
+    configs: list[ConfigResult]
+    median_time_error: float
+    max_time_error: float
+    median_iterations_error: float
+    baseline_median_time_error: float
+    baseline_max_time_error: float
+    median_speed_time_error: float
+    baseline_median_speed_time_error: float
+    wall_s: float
+    plot: str | None = None
+
+
+def contention_blind(profile: Profile) -> Model:
+    return Model.from_profile(profile.model_copy(update={"ps_bandwidth_mbps": UNLIMITED_MBPS}))
+
+
+def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_times_s: list[float]) -> float:
+    """Seconds from the first worker's start until the workers, each starting at its offset and
+    updating every T_i seconds, have made `iterations` updates together."""
+    order = np.argsort(start_offsets_s)
+    starts = np.asarray(start_offsets_s, dtype=float)[order]
+    rates = 1.0 / np.asarray(iteration_times_s, dtype=float)[order]
+    done, rate = 0.0, 0.0
+    for k in range(len(starts)):
+        rate += rates[k]
+        end = starts[k + 1] if k + 1 < len(starts) else np.inf
+        if done + rate * (end - starts[k]) >= iterations:
+            return float(starts[k] + (iterations - done) / rate)
+        done += rate * (end - starts[k])
+    raise AssertionError("unreachable: the last segment is unbounded")
+
+
+def _relative(predicted: float, observed: float) -> float:
+    return abs(predicted - observed) / observed
+
+
+def run_config(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
+               loss_target: float, *, workload_options: dict | None = None, ps_megabits_per_s: float | None = None,
+               timeout_s: float = 600.0) -> ConfigResult:
+    from tasks.runtime.driver import add_workers, start_run, stop_run
+
+    model, blind = Model.from_profile(profile), contention_blind(profile)
+    counts = model.counts_vector(cluster)
+    predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
+    if not np.isfinite(predicted["iterations"]):
+        raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
+                             f"(gamma5 = {profile.loss.gamma5:.4g})")
+    started_s = time.monotonic()
+    run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
+                    ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
+    try:
+        for instance_type, n in cluster.items():
+            add_workers(run, instance_type, n,
+                        batch_size=worker_batch(provider, instance_type, profile.instance(instance_type).batch_per_gpu)[1])
+        wait_until(run, lambda p: False, time.monotonic() + timeout_s)
+        updates = update_records(run)
+    finally:
+        progress = stop_run(run)
+    where = f"validating cluster {cluster}"
+    check_not_diverged(updates, where)
+    if progress.stopped != "target_loss":
+        raise ProfilingError(f"{where}: the run stopped ({progress.stopped}) before reaching loss {loss_target}")
+    first_t = updates[0]["t"]
+    first_by_worker: dict[int, float] = {}
+    type_by_worker: dict[int, str] = {}
+    for u in updates:
+        first_by_worker.setdefault(u["worker"], u["t"] - first_t)
+        type_by_worker[u["worker"]] = u["instance_type"]
+    workers = sorted(first_by_worker)
+    offsets = [first_by_worker[w] for w in workers]
+    names = list(model.types.names)
+
+    def scheduled(m: Model, iterations: float) -> float:
+        t_i = m.iteration_times_s(np.array(float(len(workers))))
+        return time_on_schedule(iterations, offsets, [float(t_i[names.index(type_by_worker[w])]) for w in workers])
+
+    observed_time_s = updates[-1]["t"] - first_t
+    predicted_time_s = scheduled(model, predicted["iterations"])
+    blind_iterations = float(blind.evaluate(counts, loss_target)["iterations"][0])
+    baseline_time_s = scheduled(blind, blind_iterations)
+    skew_s = max(offsets)
+    steady = [u for u in updates if u["t"] - first_t >= skew_s]
+    observed_texp = (steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1)
+    if len(workers) != sum(cluster.values()):
+        raise ProfilingError(f"{where}: only {len(workers)} of {sum(cluster.values())} workers trained "
+                             "before the target was reached; use a lower loss target")
+    return ConfigResult(
+        cluster=cluster, predicted_time_s=predicted_time_s, observed_time_s=observed_time_s,
+        time_error=_relative(predicted_time_s, observed_time_s), predicted_iterations=predicted["iterations"],
+        observed_iterations=len(updates), iterations_error=_relative(predicted["iterations"], len(updates)),
+        predicted_iteration_time_s=predicted["iteration_time_s"], observed_iteration_time_s=observed_texp,
+        predicted_steady_time_s=predicted["time_s"], baseline_time_s=baseline_time_s,
+        baseline_time_error=_relative(baseline_time_s, observed_time_s), start_skew_s=skew_s,
+        speed_time_error=_relative(scheduled(model, len(updates)), observed_time_s),
+        baseline_speed_time_error=_relative(scheduled(blind, len(updates)), observed_time_s),
+        wall_s=time.monotonic() - started_s,
+    )
+
+
+def validate_profile(provider: Provider, profile: Profile, workload: str, configs: list[dict[str, int]],
+                     loss_target: float, *, run_id: str | None = None, workload_options: dict | None = None,
+                     ps_megabits_per_s: float | None = None, parallel: int = 1, timeout_s: float = 600.0,
+                     fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None) -> ValidationReport:
+    """Run every configuration to the loss target (`parallel` at a time) and score the model."""
+    if not configs:
+        raise ProfilingError("no validation configurations given")
+    held_in = [c for c in configs if fitted_clusters and _same(c, fitted_clusters)]
+    if held_in:
+        raise ProfilingError(f"validation configuration {held_in[0]} was used for fitting; validate on held-out ones")
+    started_s = time.monotonic()
+    run_id = run_id or fresh_run_id("validate")
+
+    def one(k_cluster):
+        k, cluster = k_cluster
+        return run_config(provider, f"{run_id}-v{k}", profile, workload, cluster, loss_target,
+                          workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        results = list(pool.map(one, enumerate(configs)))
+    report = ValidationReport(
+        workload=workload, loss_target=loss_target, configs=results,
+        median_time_error=statistics.median(r.time_error for r in results),
+        max_time_error=max(r.time_error for r in results),
+        median_iterations_error=statistics.median(r.iterations_error for r in results),
+        baseline_median_time_error=statistics.median(r.baseline_time_error for r in results),
+        baseline_max_time_error=max(r.baseline_time_error for r in results),
+        median_speed_time_error=statistics.median(r.speed_time_error for r in results),
+        baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
+        wall_s=time.monotonic() - started_s,
+    )
+    if plot_path is not None:
+        report.plot = str(plot_validation(report, plot_path))
+    return report
+
+
+def _same(cluster: dict[str, int], others: list[dict[str, int]]) -> bool:
+    norm = {t: n for t, n in cluster.items() if n}
+    return any(norm == {t: n for t, n in o.items() if n} for o in others)
+
+
+def plot_validation(report: ValidationReport, path: Path) -> Path:
+    """Predicted against observed training time, model and contention-blind baseline (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tasks.atomic import atomic_write_bytes
+    import io
+
+    observed = [r.observed_time_s for r in report.configs]
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.scatter(observed, [r.predicted_time_s for r in report.configs], label="spotfill model", zorder=3)
+    ax.scatter(observed, [r.baseline_time_s for r in report.configs], marker="x", label="contention-blind", zorder=3)
+    for r in report.configs:
+        ax.annotate(",".join(f"{t}={n}" for t, n in r.cluster.items()), (r.observed_time_s, r.predicted_time_s),
+                    fontsize=6, xytext=(3, 3), textcoords="offset points")
+    top = max(observed + [r.predicted_time_s for r in report.configs] + [r.baseline_time_s for r in report.configs]) * 1.1
+    ax.plot([0, top], [0, top], color="grey", lw=0.8, label="predicted = observed")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("observed training time to target (s)")
+    ax.set_ylabel("predicted (s)")
+    ax.set_title(f"{report.workload} to loss {report.loss_target:g}: median error "
+                 f"{report.median_time_error:.1%} (blind {report.baseline_median_time_error:.1%})", fontsize=8)
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,219 @@
+"""Unit tests for the profiling fits, store and validation arithmetic, on synthetic data."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks.model import Model
+from tasks.profiling.clusters import smoothed_losses, worker_observations
+from tasks.profiling.fit import (
+    LossSeries, cluster_shape, fit_contention, fit_loss_curve, fit_memory, fit_profile, loss_curve,
+    max_batch_per_gpu, worker_bandwidth_mbps,
+)
+from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
+from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
+from tasks.profiling.validate import time_on_schedule
+from tasks.runtime.telemetry import TelemetryReader
+
+RNG = np.random.default_rng(7)
+GAMMA = np.array([40.0, -0.5, 60.0, 0.4, 1.3])
+S_MB, BREQ, BPS = 0.44, 16.0, 20.0
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_memory_fit_recovers_the_line_and_the_power_of_two_batch():
+    batches = [1, 2, 4, 8, 16]
+    peak = [int((b + 6.0) / 2000.0 * 1e9) for b in batches]  # batch = 2000 * GB - 6
+    q = fit_memory(batches, peak)
+    assert q.params["alpha2"] == pytest.approx(2000.0, rel=1e-6)
+    assert q.params["beta2"] == pytest.approx(-6.0, abs=1e-3)
+    assert q.r2 == pytest.approx(1.0)
+    assert max_batch_per_gpu(2000.0, -6.0, 8.0) == 8192  # 15994 -> 2**13
+    assert max_batch_per_gpu(2000.0, -6.0, 0.001) == 1
+
+
+def test_memory_fit_rejects_too_few_points_and_flat_memory():
+    with pytest.raises(ProfilingError, match="too few points"):
+        fit_memory([1, 2], [10, 20])
+    with pytest.raises(ProfilingError, match="does not change"):
+        fit_memory([1, 2, 4], [10, 10, 10])
+
+
+# ---------------------------------------------------------------- contention
+
+
+def _contention_data(alpha1, beta1, noise=0.01):
+    n = np.repeat([2, 4, 7], [2, 4, 7])
+    comm = 2 * S_MB / worker_bandwidth_mbps(n, alpha1, beta1, BREQ, BPS)
+    return n, comm * (1 + noise * RNG.standard_normal(len(n)))
+
+
+def test_contention_fit_recovers_alpha1_beta1():
+    n, comm = _contention_data(0.6, -0.75, noise=0.0)
+    q = fit_contention(n, comm, [1] * len(n), param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
+    bwk = worker_bandwidth_mbps(np.array([4, 7]), q.params["alpha1"], q.params["beta1"], BREQ, BPS)
+    assert bwk == pytest.approx(worker_bandwidth_mbps(np.array([4, 7]), 0.6, -0.75, BREQ, BPS), rel=1e-4)
+    assert q.r2 > 0.999
+    assert len(q.residuals) == len(n)
+
+
+def test_contention_fit_needs_the_contention_regime_and_two_sizes():
+    with pytest.raises(ProfilingError, match="too few points"):
+        fit_contention([1, 1, 1], [0.05] * 3, [1] * 3, param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
+    with pytest.raises(ProfilingError, match="one size"):
+        fit_contention([4] * 4, [0.1] * 4, [1] * 4, param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
+
+
+def test_contention_fit_that_does_not_converge_is_an_error():
+    n, comm = _contention_data(0.6, -0.75)
+    with pytest.raises(ProfilingError, match="did not converge"):
+        fit_contention(n, comm, [1] * len(n), param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9, max_nfev=1)
+
+
+# ---------------------------------------------------------------- loss curve
+
+
+def _series(noise=0.0):
+    out = []
+    for bw, cc, n in ((10.0, 0.6, 2), (14.0, 0.8, 4), (8.0, 0.9, 7)):
+        j = np.arange(1, 400, 2, dtype=float)
+        loss = loss_curve(j, bw, cc, n, GAMMA) + noise * RNG.standard_normal(len(j))
+        out.append(LossSeries(bw, cc, n, j, loss))
+    return out
+
+
+def test_loss_curve_fit_recovers_iterations_to_target():
+    q = fit_loss_curve(_series(noise=0.005))
+    g = np.array(list(q.params.values()))
+    assert q.r2 > 0.99
+    for bw, cc, n in ((12.0, 0.7, 3), (9.0, 0.85, 6)):
+        truth = (GAMMA[1] * bw + GAMMA[2]) * np.sqrt((cc + GAMMA[3]) * n) / (1.6 - GAMMA[4]) - GAMMA[0]
+        fitted = (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (1.6 - g[4]) - g[0]
+        assert fitted == pytest.approx(truth, rel=0.03)
+
+
+def test_loss_curve_fit_errors_name_the_cause():
+    series = _series()
+    nan = LossSeries(1.0, 0.5, 2, series[0].updates, np.where(series[0].updates > 50, np.nan, series[0].losses))
+    with pytest.raises(ProfilingError, match="NaN"):
+        fit_loss_curve([nan, series[1]])
+    short = [LossSeries(s.wa_batch, s.cc, s.workers, s.updates[:1], s.losses[:1]) for s in series[:2]]
+    with pytest.raises(ProfilingError, match="too few points"):
+        fit_loss_curve(short)
+    with pytest.raises(ProfilingError, match="at least two clusters"):
+        fit_loss_curve(series[:1])
+    with pytest.raises(ProfilingError, match="did not converge"):
+        fit_loss_curve(series, max_nfev=2)
+
+
+def test_cluster_shape_agrees_with_the_planner_model(shipped_profile_path):
+    from tasks.profile import load_profile
+
+    model = Model.from_profile(load_profile(shipped_profile_path))
+    counts = model.counts_vector({"p3.2xlarge": 2, "g3.8xlarge": 3})
+    expected = model.evaluate(counts, 0.9)
+    t_i = model.iteration_times_s(np.array(5.0))
+    batches, times = [], []
+    for name, k in (("p3.2xlarge", 2), ("g3.8xlarge", 3)):
+        i = model.types.names.index(name)
+        batches += [model.types.batch[i]] * k
+        times += [t_i[i]] * k
+    bw, cc = cluster_shape(batches, times)
+    assert bw == pytest.approx(expected["wa_batch"][0])
+    assert cc == pytest.approx(expected["cc"][0])
+
+
+# ---------------------------------------------------------------- whole profile and store
+
+
+def _measurements():
+    types = []
+    for name, gpus, compute_s in (("fast", 1, 0.1), ("slow", 2, 0.22)):
+        comm_s = 2 * S_MB / BREQ
+        types.append(TypeMeasurement(
+            type=name, gpus=gpus, batch_per_gpu=8, compute_time_s=compute_s, comm_time_s=comm_s,
+            iteration_time_s=compute_s + comm_s, param_mb=S_MB, required_bandwidth_mbps=BREQ, spot_price=1.0,
+            on_demand_price=3.0, gpu_memory_gb=16.0, memory_device="cpu", iterations=30, wall_s=1.0))
+    clusters = []
+    for cluster in ({"fast": 1, "slow": 1}, {"fast": 1, "slow": 3}, {"fast": 6, "slow": 1}):
+        n = sum(cluster.values())
+        comm_s = 2 * S_MB / float(worker_bandwidth_mbps(np.array(n), 0.6, -0.75, BREQ, BPS))
+        workers = [WorkerObservation(worker=k, type=t, batch=8 * (1 if t == "fast" else 2), updates=100,
+                                     compute_time_s=c, comm_time_s=comm_s, iteration_time_s=c + comm_s)
+                   for k, (t, c) in enumerate([(t, 0.1 if t == "fast" else 0.22)
+                                               for t, m in cluster.items() for _ in range(m)])]
+        bw, cc = cluster_shape([w.batch for w in workers], [w.iteration_time_s for w in workers])
+        j = np.arange(1, 300)
+        losses = [(int(x), float(v)) for x, v in zip(j, loss_curve(j, bw, cc, n, GAMMA))]
+        clusters.append(ClusterMeasurement(cluster=cluster, workers=workers, ps_bandwidth_mbps=BPS, updates_total=299,
+                                           duration_s=30.0, ps_throughput_mbps=15.0, losses=losses, wall_s=40.0))
+    return types, clusters
+
+
+def test_fit_profile_gives_a_contract_profile_that_predicts_its_own_data():
+    types, clusters = _measurements()
+    fitted = fit_profile("synthetic", types, clusters, quotas={"fast": 3})
+    p = fitted.profile
+    assert p.param_mb == S_MB and p.ps_bandwidth_mbps == BPS
+    assert p.instance("fast").quota == 3 and p.instance("slow").quota == 8
+    assert fitted.quality["contention"].r2 > 0.999 and fitted.quality["loss"].r2 > 0.999
+    model = Model.from_profile(p)
+    t_alone = model.iteration_times_s(np.array(1.0))
+    assert t_alone == pytest.approx([t.iteration_time_s for t in types])
+    t7 = model.iteration_times_s(np.array(7.0))
+    assert t7[0] == pytest.approx(clusters[2].workers[0].iteration_time_s, rel=1e-3)
+
+
+def test_store_is_atomic_keyed_and_keeps_raw_csv(tmp_path):
+    types, clusters = _measurements()
+    fitted = fit_profile("synthetic", types, clusters)
+    settings = {"ps_megabits_per_s": 160.0}
+    key = cache_key("synthetic", ["fast", "slow"], {"seq_len": 16}, settings)
+    assert key != cache_key("synthetic", ["fast", "slow"], {"seq_len": 32}, settings)
+    assert cached_profile("synthetic", ["slow", "fast"], workload_options={"seq_len": 16}, settings=settings,
+                          directory=tmp_path) is None
+    path = save_profile(fitted, RawMeasurements(types, clusters), tmp_path, key=key, provenance_info={"provider": "x"})
+    assert cached_profile("synthetic", ["slow", "fast"], workload_options={"seq_len": 16}, settings=settings,
+                          directory=tmp_path) == path
+    data = json.loads(path.read_text())
+    assert data["provenance"] == {"provider": "x"} and data["fit"]["loss"]["n_points"] > 0
+    assert {p.name for p in path.parent.iterdir()} == {
+        "profile.json", "types.csv", "type_steps.csv", "cluster_workers.csv", "cluster_losses.csv"}
+    import pandas as pd
+
+    assert len(pd.read_csv(path.parent / "cluster_losses.csv")) == sum(len(c.losses) for c in clusters)
+    save_profile(fitted, RawMeasurements(types, clusters), tmp_path, key=key)  # replaces the old one whole
+    assert json.loads(path.read_text())["provenance"] == {}
+    before = sorted(p.name for p in (tmp_path / "measured").iterdir())
+    with pytest.raises(AttributeError):
+        save_profile(fitted, RawMeasurements(types, [None]), tmp_path, key="broken")
+    assert sorted(p.name for p in (tmp_path / "measured").iterdir()) == before  # nothing half-written
+
+
+# ---------------------------------------------------------------- telemetry arithmetic
+
+
+def test_smoothed_losses_are_the_ps_moving_average(tmp_path):
+    updates = [{"kind": "update", "t": float(k), "worker": k % 2, "instance_type": "x", "step": k // 2, "samples": 8,
+                "loss": 3.0 - 0.01 * k + 0.1 * (-1) ** k, "compute_s": 0.1, "comm_s": 0.05 if k > 1 else None,
+                "version": k + 1, "updates_total": k + 1, "samples_total": 8 * (k + 1), "staleness": 0}
+               for k in range(40)]
+    (tmp_path / "telemetry.jsonl").write_text("".join(json.dumps(u) + "\n" for u in updates))
+    reader = TelemetryReader(tmp_path)
+    assert smoothed_losses(updates, reader.loss_smoothing)[-1][1] == pytest.approx(reader.poll().smoothed_loss)
+    obs = worker_observations(updates, {0: 8, 1: 16}, "test")
+    assert [(o.worker, o.batch, o.updates) for o in obs] == [(0, 8, 20), (1, 16, 20)]
+    assert obs[0].iteration_time_s == pytest.approx(0.15)
+    with pytest.raises(ProfilingError, match="too few"):
+        worker_observations(updates[:8], {0: 8, 1: 16}, "test")
+
+
+def test_time_on_schedule_replays_staggered_starts():
+    assert time_on_schedule(10, [0.0], [0.5]) == pytest.approx(5.0)
+    # worker 2 joins at 2 s: 4 updates by then, then 3 a second
+    assert time_on_schedule(10, [0.0, 2.0], [0.5, 1.0]) == pytest.approx(4.0)
+    assert time_on_schedule(2, [3.0, 0.0], [1.0, 1.0]) == pytest.approx(2.0)

@@ -1,0 +1,55 @@
+"""Profiling on real runs of the local provider (a PS and workers as processes): bounded, cleaned up."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tasks.profiling.measurements import ProfilingError
+from tasks.profiling.presets import QUICK
+from tasks.profiling.single import param_mb, profile_type
+from tasks.profiling.workflow import profile_workload
+from tasks.providers.local import LocalProvider, _proc_start_ticks
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = {"seq_len": 8, "d_model": 16, "layers": 1, "heads": 2}
+
+
+@pytest.fixture()
+def provider(tmp_path):
+    size_mb = param_mb("transformer-lm", OPTIONS)
+    # one worker alone: 0.05 s compute (p3.2xlarge is the reference), ~0.02 s push + pull
+    p = LocalProvider(tmp_path / "artifacts", bandwidth_scale=2 * size_mb * 8 / 0.02 / 10_000, reference_compute_s=0.05)
+    yield p
+    p.kill_all_started()
+
+
+def _assert_nothing_left(provider):
+    for table in provider.artifacts_dir.glob("*/instances.json"):
+        run_id = table.parent.name
+        assert provider.describe(run_id) == []
+        for row in provider._load(run_id)["instances"]:
+            assert _proc_start_ticks(row["pid"]) is None
+
+
+def test_profile_type_measures_compute_comm_size_and_memory(provider):
+    m = profile_type(provider, "single", "transformer-lm", "p3.2xlarge", iterations=10, workload_options=OPTIONS,
+                     batch_per_gpu=4, ps_megabits_per_s=1000.0, memory_batches=(1, 2, 4))
+    assert m.gpus == 1 and m.batch_per_gpu == 4 and m.iterations == 10 and len(m.steps) == 10
+    assert m.compute_time_s >= 0.05 * 0.99  # padded up to the reference compute time (never below it)
+    assert m.param_mb == param_mb("transformer-lm", OPTIONS)
+    assert m.required_bandwidth_mbps == pytest.approx(2 * m.param_mb / m.comm_time_s)
+    assert [p.batch_per_gpu for p in m.memory_points] == [1, 2, 4] and m.alpha2 > 0
+    assert m.memory_device == "cpu" and m.max_batch_per_gpu >= 1
+    _assert_nothing_left(provider)
+
+
+def test_a_diverging_run_is_a_clear_error_and_writes_no_profile(provider, tmp_path):
+    preset = dataclasses.replace(QUICK, workload="tests.profiling_workloads:diverging", workload_options={},
+                                 types=("p3.2xlarge",), iterations=12)
+    emulation = {"ps_megabits_per_s": 1000.0, "reference_compute_s": 0.05}
+    with pytest.raises(ProfilingError, match="diverged"):
+        profile_workload(provider, emulation, preset, directory=tmp_path / "profiles", run_id="diverge")
+    assert not (tmp_path / "profiles").exists() or not any((tmp_path / "profiles").rglob("*"))
+    _assert_nothing_left(provider)
