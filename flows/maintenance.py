@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 
 from tasks.atomic import atomic_write_json
@@ -44,10 +44,12 @@ def profile_workload(request: TrainRequest) -> str:
 
     run_id = f"profile-{uuid.uuid4().hex[:8]}"
     run_dir = Path(request.artifacts_dir) / run_id
-    measurements = [stages.profile_type(request, run_id, t) for t in request.candidates.types]
-    clusters = stages.profile_clusters(request, run_id, measurements)
-    stages.fit_and_save(request, measurements, clusters, run_dir)
-    return str(run_dir)
+    from flows.train_with_slo import fit_model, profile_clusters, profile_type
+
+    measurements = profile_type.map(unmapped(request), unmapped(run_id), request.candidates.types).result()
+    clusters = profile_clusters(request, run_id, measurements)
+    fit_model(request, measurements, clusters, run_dir)
+    return str(run_dir / "profile")
 
 
 @flow(name="replan-on-drift")

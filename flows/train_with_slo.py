@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
@@ -167,16 +167,17 @@ def train_with_slo(request: TrainRequest) -> dict:
     run_id = f"run-{(ctx.flow_run.id if ctx and ctx.flow_run else uuid.uuid4()).hex[:10]}"
     run_dir = Path(request.artifacts_dir) / run_id
     clock = stages.StageClock()
-    provider = stages.make_provider(request)
+    provider, emulation = stages.make_provider(request)
     try:
         with clock("profile"):
             if request.profile:
                 profile = stages.load_request_profile(request)
             else:
-                measurements = [profile_type(request, run_id, t) for t in request.candidates.types]
+                measurements = profile_type.map(unmapped(request), unmapped(run_id), request.candidates.types).result()
                 clusters = profile_clusters(request, run_id, measurements)
                 profile = fit_model(request, measurements, clusters, run_dir)
-        session = TrainingSession(request, profile, provider, run_id, run_dir)
+        session = TrainingSession(request, profile, provider, run_id, run_dir,
+                                  ps_megabits_per_s=emulation.get("ps_megabits_per_s"))
         SESSIONS[run_id] = session
         with clock("plan"):
             chosen = plan(run_id)

@@ -7,13 +7,16 @@ import json
 
 from tasks import cli_args
 
+# The README's main job: a small transformer LM on the two types of the quick profiling preset,
+# with the first revocation of a real Bamboo trace (41093 s in) replayed about 7 s after launch.
 DEMO = {
-    "workload": "resnet20",
-    "workload_options": {"width": 4},
-    "candidates": ["p3.2xlarge", "g4dn.4xlarge", "g3.8xlarge"],
-    "target_loss": 1.2,
-    "deadline_s": 120.0,
+    "workload": "transformer-lm",
+    "workload_options": {"seq_len": 16},
+    "candidates": ["p3.2xlarge", "g3.8xlarge"],
+    "target_loss": 1.7,
+    "deadline_s": 60.0,
     "trace": "bamboo_aws-spot-instances-p2-xlarge-us-east-1e-2020-11-23-1700-to-2020-11-24-0700.csv",
+    "time_scale": 6000.0,
 }
 
 
@@ -26,13 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
+    p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
     p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
     p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
                    help="with --solver risk: probability of meeting the deadline to plan for")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
-    p.add_argument("--time-scale", type=cli_args.positive_float, default=600.0, help="trace seconds per second")
+    p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
+                   help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_float, action="append", default=[],
                    help="also revoke one worker this many seconds after launch (repeatable)")
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
@@ -49,7 +54,7 @@ def demo_request(artifacts_dir: str = "artifacts"):
         "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
         "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
         "candidates": {"types": DEMO["candidates"]},
-        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"]}},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "time_scale": DEMO["time_scale"]}},
         "artifacts_dir": artifacts_dir,
     })
 
@@ -69,7 +74,7 @@ def build_request(args: argparse.Namespace):
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
             "candidates": {"types": types, "quotas": args.quota},
-            "profile": args.profile, "solver": args.solver, "risk_level": args.risk_level,
+            "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
             "provider": {"name": args.provider, "region": args.region,
                          "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},

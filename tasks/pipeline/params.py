@@ -77,11 +77,12 @@ class TrainRequest(BaseModel):
     """One training job with its SLO: the main flow's single parameter."""
 
     model_config = _STRICT
-    workload: str = Field("resnet20", description="a built-in workload name or module:function")
+    workload: str = Field("transformer-lm", description="a built-in workload name or module:function")
     workload_options: dict[str, int | float | str] = Field(default_factory=dict)
     slo: SLO
     candidates: Candidates
     profile: str | None = Field(None, description="use this profile JSON instead of profiling")
+    profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")

@@ -65,7 +65,8 @@ def capped_quotas(quota: dict[str, int], max_instances: int) -> dict[str, int]:
 
 
 class TrainingSession:
-    def __init__(self, request: TrainRequest, profile: Profile, provider: Provider, run_id: str, run_dir: Path):
+    def __init__(self, request: TrainRequest, profile: Profile, provider: Provider, run_id: str, run_dir: Path,
+                 ps_megabits_per_s: float | None = None):
         self.request = request
         self.profile = profile
         self.provider = provider
@@ -74,6 +75,7 @@ class TrainingSession:
         self.quota = capped_quotas({t: request.candidates.quota(t) for t in profile.type_names},
                                    request.budget.max_instances)
         self.run = None  # tasks.runtime.driver.TrainingRun once launched
+        self.ps_megabits_per_s = ps_megabits_per_s  # the local PS's emulated NIC (as profiled)
         self.started_s: float | None = None
         self.plan: dict[str, int] = {}
         self.plans: list[PlanResult] = []
@@ -142,7 +144,7 @@ class TrainingSession:
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
-                             ps_type=self.ps_type)
+                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
         """Start what `plan` has beyond the running workers; returns what was started. A short

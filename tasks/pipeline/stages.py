@@ -39,12 +39,33 @@ class StageClock:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def make_provider(request: TrainRequest) -> Provider:
-    settings = request.provider
-    if settings.name == "local":
-        from tasks.providers.local import LocalProvider
+def profiling_preset(request: TrainRequest):
+    """The profiling preset (tasks/profiling/presets.py) narrowed to this request's workload and
+    candidate types: how long to profile, and how the local provider emulates the network."""
+    from dataclasses import replace
 
-        provider = LocalProvider(artifacts_dir=Path(request.artifacts_dir))
+    from tasks.profiling.presets import preset
+
+    p = preset(request.profiling)
+    types = tuple(request.candidates.types)
+    fit_clusters = p.fit_clusters
+    if not all(set(c) <= set(types) for c in fit_clusters):  # the preset's clusters use other types
+        first, last = types[0], types[-1]
+        fit_clusters = ({first: 1, last: 1}, {first: 1, last: 3}, {first: 6, last: 1}) if first != last else (
+            {first: 2}, {first: 4}, {first: 7})
+    return replace(p, workload=request.workload, workload_options=dict(request.workload_options), types=types,
+                   fit_clusters=fit_clusters)
+
+
+def make_provider(request: TrainRequest) -> tuple[Provider, dict]:
+    """The provider, and the emulation settings of a local one ({} on AWS): the same settings the
+    profile is measured under, so that what is predicted is what runs."""
+    settings = request.provider
+    emulation: dict = {}
+    if settings.name == "local":
+        from tasks.profiling.presets import local_provider
+
+        provider, emulation = local_provider(profiling_preset(request), Path(request.artifacts_dir))
     else:
         from tasks.providers.aws import AwsProvider, load_aws_config
 
@@ -58,7 +79,7 @@ def make_provider(request: TrainRequest) -> Provider:
     missing = [t for t in request.candidates.types if t not in offered]
     if missing:
         raise UserInputError(f"the {settings.name} provider does not offer {', '.join(missing)}")
-    return provider
+    return provider, emulation
 
 
 def load_request_profile(request: TrainRequest) -> Profile:
@@ -78,52 +99,54 @@ def load_request_profile(request: TrainRequest) -> Profile:
 def profile_type(request: TrainRequest, run_id: str, instance_type: str):
     from tasks.profiling.single import profile_type as measure
 
-    provider = make_provider(request)
+    p = profiling_preset(request)
+    provider, emulation = make_provider(request)
     try:
         return measure(provider, f"{run_id}-profile-{instance_type}", request.workload, instance_type,
-                       workload_options=request.workload_options)
+                       iterations=p.iterations, workload_options=request.workload_options,
+                       batch_per_gpu=p.batch_per_gpu, ps_megabits_per_s=emulation.get("ps_megabits_per_s"))
     finally:
         provider.cleanup(f"{run_id}-profile-{instance_type}")
 
 
 def profile_clusters(request: TrainRequest, run_id: str, measurements: list):
-    from tasks.profiling.clusters import default_clusters, profile_clusters as measure
+    from tasks.profiling.clusters import profile_clusters as measure
 
-    provider = make_provider(request)
+    p = profiling_preset(request)
+    provider, emulation = make_provider(request)
     try:
-        return measure(provider, f"{run_id}-clusters", request.workload, measurements,
-                       default_clusters([m.type for m in measurements]), workload_options=request.workload_options)
+        return measure(provider, f"{run_id}-clusters", request.workload, measurements, list(p.fit_clusters),
+                       duration_s=p.cluster_duration_s, workload_options=request.workload_options,
+                       ps_megabits_per_s=emulation.get("ps_megabits_per_s"))
     finally:
         provider.cleanup(f"{run_id}-clusters")
 
 
-def _code_version() -> str:
-    from tasks.profiling.store import code_version
-
-    return code_version()
-
-
 def profile_cache_key(context, parameters: dict) -> str:
-    """Profiles are cached by workload (and options), type, provider and code version."""
+    """Single-type profiles are cached by workload (and options), type, provider, profiling
+    settings and code version (tasks.profiling.store.cache_key)."""
+    from tasks.profiling.store import cache_key
+
     r: TrainRequest = parameters["request"]
-    opts = json.dumps(r.workload_options, sort_keys=True)
-    return f"profile-type:{r.workload}:{opts}:{parameters['instance_type']}:{r.provider.name}:{_code_version()}"
+    return "profile-type-" + cache_key(r.workload, [parameters["instance_type"]], r.workload_options,
+                                       {"provider": r.provider.name, "preset": r.profiling})
 
 
 def clusters_cache_key(context, parameters: dict) -> str:
+    from tasks.profiling.store import cache_key
+
     r: TrainRequest = parameters["request"]
-    opts = json.dumps(r.workload_options, sort_keys=True)
-    types = ",".join(sorted(r.candidates.types))
-    return f"profile-clusters:{r.workload}:{opts}:{types}:{r.provider.name}:{_code_version()}"
+    return "profile-clusters-" + cache_key(r.workload, r.candidates.types, r.workload_options,
+                                           {"provider": r.provider.name, "preset": r.profiling})
 
 
 def fit_and_save(request: TrainRequest, measurements: list, clusters: list, run_dir: Path) -> Profile:
     from tasks.profiling.fit import fit_profile
-    from tasks.profiling.store import save_profile
+    from tasks.profiling.store import RawMeasurements, save_profile
 
     quotas = {t: request.candidates.quota(t) for t in request.candidates.types}
     fitted = fit_profile(request.workload, measurements, clusters, quotas=quotas)
-    save_profile(fitted, {"measurements": measurements, "clusters": clusters}, directory=run_dir)
+    save_profile(fitted, RawMeasurements(measurements, clusters), directory=run_dir / "profile")
     return fitted.profile
 
 

@@ -268,6 +268,15 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
         bw, cc = cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers])
         j, losses = thin(c.losses)
         series.append(LossSeries(bw, cc, c.n, j, losses))
+    # Each type alone is a one-worker cluster (R = 0): without these points nothing pins the curve
+    # at n = 1, and gamma4 can slide to its bound, predicting that one worker converges at once.
+    from tasks.profiling.clusters import loss_smoothing, smoothed_losses
+
+    for m in measurements:
+        alone = [{"version": i + 1, "loss": step["loss"]} for i, step in enumerate(m.steps)]
+        if len(alone) >= 2:
+            j, losses = thin(smoothed_losses(alone, loss_smoothing()))
+            series.append(LossSeries(float(m.gpus * m.batch_per_gpu), 0.0, 1, j, losses))
     contention = fit_contention(rows_n, rows_comm, rows_g, param_mb=param_mb, breq_mbps=breq, bps_mbps=bps,
                                 pcie_mbps=pcie_bandwidth_mbps, max_nfev=max_nfev)
     loss = fit_loss_curve(series, max_nfev=max_nfev)
