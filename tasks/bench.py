@@ -9,6 +9,7 @@ import argparse
 import importlib
 
 BENCHES = {
+    "filling": "tasks.filling.bench",
     "planner": "tasks.planner.bench",
 }
 
