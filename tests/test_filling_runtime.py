@@ -101,3 +101,36 @@ def test_naive_colocation_starts_chunks_outside_bubbles():
     bubbles = list(filler.monitor.recent_bubbles)
     assert any(not _inside(picked, bubbles) for picked, *_ in filler.chunk_log)
     assert filler.metrics()["spill_s"] > 0
+
+
+def test_paused_filler_starts_nothing_and_sheds_its_queue():
+    config = FillConfig(online_rate_per_s=200.0, slo_s=5.0, max_batch=4, dataset_size=16,
+                        calibration_steps=2, tolerance=0.5)
+    filler = assemble(config, "gated")
+    filler.calibrate(repeats=1)
+    filler.start().pause()
+    _train_with(filler, steps=8)  # pause() held through training; close() at the end
+    m = filler.metrics()
+    assert m["chunks"] == 0 and m["bubbles"] == 8
+    filler.scheduler.queue.offer(0.0)
+    filler.pause()
+    assert filler.metrics()["online_shed_paused"] == 1
+
+
+def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
+    from tasks.filling.bench import COUNTERS, _pooled, _round_ratios
+
+    alone = {"step_times_s": [1.0, 1.0, 1.0, 1.0]}
+    slower = {"step_times_s": [1.0, 1.0, 1.0, 1.4]}
+    ratios = _round_ratios(alone, slower)
+    assert ratios["training_retained"] == pytest.approx(4.0 / 4.4)
+    assert ratios["step_slowdown_p50"] == pytest.approx(0.0)
+    assert ratios["step_slowdown_p99"] > 0.3
+    block = dict.fromkeys(COUNTERS, 0.0) | {"busy_s": 2.0, "busy_in_bubble_s": 1.5, "spill_s": 0.5,
+                                           "bubble_s": 3.0, "offline_samples": 30, "wall_s": 6.0,
+                                           "latencies_s": [0.1, 0.2]}
+    pooled = _pooled([block, block])
+    assert pooled["fill_efficiency"] == pytest.approx(0.5)
+    assert pooled["spill_fraction"] == pytest.approx(0.25)
+    assert pooled["offline_samples_per_s"] == pytest.approx(5.0)
+    assert pooled["online_p50_s"] == pytest.approx(0.15)

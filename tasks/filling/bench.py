@@ -1,12 +1,15 @@
 """`spotfill bench filling`: training alone, inference alone, naive co-location, rate-limited
 (TGS-like) co-location and the gated filler, measured in one run on this machine.
 
-Each round runs every training mode once (order rotated per round) with the same seeds; the
-first `warmup_steps` of each run are discarded (they also hold the guard's calibration steps).
-Retained = mean step time alone / mean step time with the mode (samples per step are fixed),
-per round, median over rounds; step-time slowdowns compare p50 and p99 of the same round.
-The bubble is set to `bubble_share` of the step by choosing the emulated link bandwidth from the
-solo compute time measured at the start.
+The machine is shared, so its background load drifts; to let every mode see the same load, the
+modes run interleaved in short blocks inside one process. All fillers are built, calibrated and
+started once, then paused; a round gives each mode one block of `block_steps` training steps
+(order rotated per round) with only that mode's filler resumed. The first step of each block is
+discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
+which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. The bubble
+is `bubble_share` of the step: the emulated link bandwidth is chosen from the solo compute time
+measured at the start.
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ from tasks.filling.trainloop import TrainingJob
 
 MODES = ("naive", "rate_limited", "gated")
 ARTIFACT = Path("artifacts") / "filling_bench.png"
+COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
+            "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
 
 
 def _settings(quick: bool) -> dict:
-    return {"rounds": 3 if quick else 5, "warmup_steps": 8, "steps": 25 if quick else 80,
-            "solo_inference_s": 3.0 if quick else 6.0, "bubble_share": 0.5}
+    return {"rounds": 6 if quick else 15, "min_rounds": 3, "block_steps": 10 if quick else 12,
+            "warmup_steps": 8, "bubble_share": 0.5, "max_s": 75.0 if quick else 600.0}
 
 
 def bench_config() -> FillConfig:
@@ -34,104 +39,122 @@ def bench_config() -> FillConfig:
                       max_in_flight=1, margin=0.25, tolerance=0.05, queue_capacity=64)
 
 
-def _window(before: dict, after: dict) -> dict:
-    keys = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
-            "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s", "chunks")
-    return {k: after[k] - before[k] for k in keys}
-
-
-def _run_training(job: TrainingJob, listener, warmup: int, steps: int, filler=None) -> dict:
-    job.run(warmup, listener)
-    since_s = time.perf_counter()
+def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:
+    """One block of training steps with `filler` resumed (None: training alone)."""
+    listener = listener or filler
     before = filler.metrics() if filler else None
-    times = job.run(steps, listener, first_step=warmup)
-    out = {"step_times_s": times, "wall_s": time.perf_counter() - since_s}
-    if filler is not None:
-        after = filler.metrics(since_s)
-        out.update(_window(before, after))
-        out.update({k: after[k] for k in ("online_p50_s", "online_p95_s", "online_p99_s",
-                                          "guard_budget", "guard_shrinks", "error")})
+    if filler:
+        filler.resume()
+    t0 = time.perf_counter()
+    times = job.run(steps, listener, first_step)
+    t1 = time.perf_counter()
+    out = {"step_times_s": times[1:], "wall_s": t1 - t0}
+    if filler:
+        filler.pause()
+        after = filler.metrics()
+        out.update({k: after[k] - before[k] for k in COUNTERS})
+        out["latencies_s"] = [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]
     return out
 
 
-def _colocated(job: TrainingJob, config: FillConfig, policy: str, s: dict) -> dict:
-    filler = assemble(config, policy)
-    filler.calibrate()
-    filler.start()
-    try:
-        return _run_training(job, filler, s["warmup_steps"], s["steps"], filler)
-    finally:
-        filler.close()
-
-
-def _inference_alone(config: FillConfig, duration_s: float) -> dict:
-    filler = assemble(config, "naive")
-    filler.calibrate()
-    since_s = time.perf_counter()
-    filler.start()
+def _solo_block(filler, duration_s: float) -> dict:
+    """Inference alone for `duration_s`: its offline rate and online latency, same config."""
+    before = filler.metrics()
+    filler.resume()
+    t0 = time.perf_counter()
     time.sleep(duration_s)
-    filler.close()
-    wall_s = time.perf_counter() - since_s
-    m = filler.metrics()
-    return {"offline_samples_per_s": m["offline_samples"] / wall_s, "online_p50_s": m["online_p50_s"],
-            "online_p95_s": m["online_p95_s"], "online_p99_s": m["online_p99_s"],
-            "busy_fraction": m["busy_s"] / wall_s}
+    filler.pause()
+    t1 = time.perf_counter()
+    after = filler.metrics()
+    return {"offline_samples": after["offline_samples"] - before["offline_samples"],
+            "wall_s": t1 - t0,
+            "latencies_s": [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]}
 
 
-def _summarize(alone: dict, run: dict) -> dict:
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"online_p50_s": None, "online_p95_s": None, "online_p99_s": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"online_p50_s": float(p50), "online_p95_s": float(p95), "online_p99_s": float(p99)}
+
+
+def _round_ratios(alone: dict, run: dict) -> dict:
     a, r = np.array(alone["step_times_s"]), np.array(run["step_times_s"])
-    busy_s = run["busy_s"]
+    return {"training_retained": float(a.mean() / r.mean()),
+            "step_slowdown_p50": float(np.percentile(r, 50) / np.percentile(a, 50) - 1),
+            "step_slowdown_p99": float(np.percentile(r, 99) / np.percentile(a, 99) - 1)}
+
+
+def _pooled(blocks: list[dict]) -> dict:
+    total = {k: sum(b[k] for b in blocks) for k in (*COUNTERS, "wall_s")}
+    busy_s = total["busy_s"]
     return {
-        "training_retained": float(a.mean() / r.mean()),
-        "step_slowdown_p50": float(np.percentile(r, 50) / np.percentile(a, 50) - 1),
-        "step_slowdown_p99": float(np.percentile(r, 99) / np.percentile(a, 99) - 1),
-        "fill_efficiency": run["busy_in_bubble_s"] / run["bubble_s"] if run["bubble_s"] else 0.0,
-        "spill_s": run["spill_s"],
-        "spill_fraction": run["spill_s"] / busy_s if busy_s else 0.0,
-        "offline_samples_per_s": run["offline_samples"] / run["wall_s"],
-        "online_p50_s": run["online_p50_s"], "online_p95_s": run["online_p95_s"],
-        "online_p99_s": run["online_p99_s"],
-        "online_shed": run["online_shed_overflow"] + run["online_shed_expired"],
-        "online_offered": run["online_offered"],
-        "guard_shrinks": run["guard_shrinks"],
+        "fill_efficiency": total["busy_in_bubble_s"] / total["bubble_s"] if total["bubble_s"] else 0.0,
+        "spill_s": total["spill_s"],
+        "spill_fraction": total["spill_s"] / busy_s if busy_s else 0.0,
+        "offline_samples_per_s": total["offline_samples"] / total["wall_s"],
+        "online_offered": total["online_offered"],
+        "online_served": total["online_served"],
+        "online_shed": total["online_shed_overflow"] + total["online_shed_expired"],
+        **_percentiles([lat for b in blocks for lat in b["latencies_s"]]),
     }
-
-
-def _median(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(statistics.median(values)) if values else None
 
 
 def run_bench(quick: bool) -> dict:
     s = _settings(quick)
     config = bench_config()
+    started_s = time.perf_counter()
     job = TrainingJob()
     probe = BubbleMonitor()
     job.set_bubble(1e-3)
     job.run(s["warmup_steps"], probe)
     compute_s = statistics.median(probe.compute_times_s[-5:])
     job.set_bubble(compute_s * s["bubble_share"] / (1 - s["bubble_share"]))
+    step_s = compute_s + job.transfer_s()
 
-    solo = _inference_alone(config, s["solo_inference_s"])
-    rounds = []
-    for r in range(s["rounds"]):
-        order = ["alone", *MODES]
-        order = order[r % len(order):] + order[:r % len(order)]
-        runs = {}
-        for mode in order:
-            if mode == "alone":
-                monitor = BubbleMonitor()
-                runs[mode] = _run_training(job, monitor, s["warmup_steps"], s["steps"])
-            else:
-                runs[mode] = _colocated(job, config, mode, s)
-        rounds.append({mode: _summarize(runs["alone"], runs[mode]) for mode in MODES})
-        rounds[-1]["alone_step_s"] = float(np.mean(runs["alone"]["step_times_s"]))
+    fillers = {mode: assemble(config, mode) for mode in MODES}
+    fillers["infer_alone"] = assemble(config, "naive")
+    for filler in fillers.values():
+        filler.calibrate()
+        filler.start().pause()
+    blocks: dict[str, list[dict]] = {mode: [] for mode in ("alone", "infer_alone", *MODES)}
+    ratios: list[dict] = []
+    step = 0
+    try:
+        for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
+            _block(job, fillers[mode], s["warmup_steps"], step)
+            step += s["warmup_steps"]
+        order = ["alone", "infer_alone", *MODES]
+        for r in range(s["rounds"]):
+            if r >= s["min_rounds"] and time.perf_counter() - started_s > s["max_s"]:
+                break
+            k = r % len(order)
+            this_round = {}
+            for mode in order[k:] + order[:k]:
+                if mode == "infer_alone":
+                    blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
+                    continue
+                this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
+                                          listener=BubbleMonitor() if mode == "alone" else None)
+                blocks[mode].append(this_round[mode])
+                step += s["block_steps"]
+            ratios.append({m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES})
+    finally:
+        for filler in fillers.values():
+            filler.close()
 
-    modes = {mode: {k: _median([rd[mode][k] for rd in rounds]) for k in rounds[0][mode]}
-             for mode in MODES}
+    solo_blocks = blocks["infer_alone"]
+    solo = {"offline_samples_per_s": sum(b["offline_samples"] for b in solo_blocks)
+            / sum(b["wall_s"] for b in solo_blocks),
+            **_percentiles([lat for b in solo_blocks for lat in b["latencies_s"]])}
+    modes = {}
     for mode in MODES:
-        modes[mode]["offline_share_of_solo"] = (
-            modes[mode]["offline_samples_per_s"] / solo["offline_samples_per_s"])
+        modes[mode] = {k: float(statistics.median(rd[mode][k] for rd in ratios))
+                       for k in ratios[0][mode]}
+        modes[mode].update(_pooled(blocks[mode]))
+        modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
+                                                / solo["offline_samples_per_s"])
+        modes[mode]["guard_shrinks"] = fillers[mode].guard.shrinks
     gated, naive = modes["gated"], modes["naive"]
     result = {
         "training_retained": gated["training_retained"],
@@ -147,10 +170,11 @@ def run_bench(quick: bool) -> dict:
         "naive_online_p95_s": naive["online_p95_s"],
         "solo_inference": solo,
         "modes": modes,
-        "rounds": rounds,
-        "settings": {**s, "compute_s": compute_s, "comm_s": job.transfer_s(),
-                     "bandwidth_mbps": job.bandwidth_mbps, "param_mb": job.param_bytes / 2**20,
-                     "training_batch": job.batch, "fill_config": config.model_dump()},
+        "rounds": ratios,
+        "settings": {**s, "rounds_run": len(ratios), "compute_s": compute_s,
+                     "comm_s": job.transfer_s(), "bandwidth_mbps": job.bandwidth_mbps,
+                     "param_mb": job.param_bytes / 2**20, "training_batch": job.batch,
+                     "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
     }
     result["plot"] = _plot(result)
     return result
@@ -192,8 +216,8 @@ def format_table(result: dict) -> str:
 
     st = result["settings"]
     lines = [f"training: compute {st['compute_s'] * 1e3:.1f} ms + comm {st['comm_s'] * 1e3:.1f} ms "
-             f"per step; {st['rounds']} rounds x {st['steps']} steps (warm-up {st['warmup_steps']} "
-             "discarded)",
+             f"per step; {st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
+             f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
              f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
              f"{'spill':>7}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'shed':>6}"]
     solo = result["solo_inference"]

@@ -33,6 +33,8 @@ class Filler:
         self.chunk_log: deque[tuple[float, float, float, str, int]] = deque(maxlen=10_000)
         self._stats_lock = threading.Lock()
         self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
         self._threads: list[threading.Thread] = []
 
     # -- PhaseListener: delegate to the monitor (returns at once) -------------------------------
@@ -80,6 +82,8 @@ class Filler:
         clock = self.monitor.clock
         self.executor.lane_setup()
         while not self._stop.is_set():
+            if not self._running.wait(0.05):
+                continue
             chunk = self.admission.start(lambda allowance_s: self.scheduler.pick(allowance_s, clock()))
             if chunk is None:
                 self.admission.wait(0.05)
@@ -116,8 +120,21 @@ class Filler:
                 self.busy_in_bubble_s += self.monitor.overlap_s(self._busy_since, now)
             return now
 
+    def pause(self) -> None:
+        """Start no new chunk until resume() (running ones finish). Queued online requests are
+        shed (counted in online_shed_paused): their latency would include the pause."""
+        self._running.clear()
+        self.scheduler.shed_queued()
+
+    def resume(self) -> None:
+        """Start again; the online arrival process restarts now."""
+        if self.scheduler.arrivals is not None:
+            self.scheduler.arrivals.begin(self.monitor.clock())
+        self._running.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._running.set()
         with self.monitor.changed:
             self.monitor.changed.notify_all()
         for thread in self._threads:
@@ -139,6 +156,7 @@ class Filler:
             "online_served": sched.online_served,
             "online_shed_overflow": queue.shed_overflow,
             "online_shed_expired": queue.shed_expired,
+            "online_shed_paused": queue.shed_paused,
             "online_p50_s": latency["p50_s"],
             "online_p95_s": latency["p95_s"],
             "online_p99_s": latency["p99_s"],

@@ -3,7 +3,8 @@
 Online requests carry their arrival time and share one latency SLO. Shedding (documented, counted):
 - overflow: a request arriving to a full queue (`capacity`) is rejected at once;
 - expired: a queued request already older than the SLO when a chunk is formed is dropped, since
-  serving it cannot meet the SLO and would spend bubble time that fresher requests need.
+  serving it cannot meet the SLO and would spend bubble time that fresher requests need;
+- paused: requests still queued when the filler is paused are dropped.
 Served requests' latency = completion - arrival. Offline work scores a fixed dataset over and over
 (epochs); its progress is counted in samples.
 """
@@ -76,6 +77,7 @@ class OnlineQueue:
         self.offered = 0
         self.shed_overflow = 0
         self.shed_expired = 0
+        self.shed_paused = 0
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -92,6 +94,10 @@ class OnlineQueue:
         while self._queue and now_s - self._queue[0] > self.slo_s:
             self._queue.popleft()
             self.shed_expired += 1
+
+    def clear(self) -> None:
+        self.shed_paused += len(self._queue)
+        self._queue.clear()
 
     def take(self, n: int) -> list[float]:
         return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
@@ -159,6 +165,10 @@ class Scheduler:
             start = self._offline_cursor
             self._offline_cursor = (start + n) % self.dataset_size
             return Chunk("offline", n, self.costs.predict_s(n), now_s, offline_start=start)
+
+    def shed_queued(self) -> None:
+        with self._lock:
+            self.queue.clear()
 
     def complete(self, chunk: Chunk, end_s: float, busy_s: float) -> None:
         with self._lock:
