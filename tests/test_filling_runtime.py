@@ -59,9 +59,19 @@ def test_inference_models_run_and_their_memory_grows_with_batch(name):
     assert memory_needed_mb(workload, 64) > memory_needed_mb(workload, 1) > 0
 
 
+@pytest.fixture()
+def one_training_thread():
+    """Training on one intra-op thread: on a loaded 2-core machine, OpenMP barriers across two
+    threads stretch steps many-fold; restored afterwards for the rest of the session."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _train_with(filler, steps: int) -> TrainingJob:
     job = TrainingJob(batch=16, width=8)
-    job.set_bubble(0.03)
+    job.set_bubble(0.05)
     try:
         job.run(steps, filler)
     finally:
@@ -73,15 +83,17 @@ def _inside(t: float, bubbles) -> bool:
     return any(b0 <= t <= b1 for b0, b1 in bubbles)
 
 
-def test_gated_filler_serves_inference_only_inside_bubbles():
-    config = FillConfig(online_rate_per_s=40.0, slo_s=0.5, max_batch=8, max_in_flight=2,
-                        calibration_steps=3, dataset_size=64, tolerance=0.5)
+def test_gated_filler_serves_inference_only_inside_bubbles(one_training_thread):
+    # tolerance is huge: this test is about where chunks run, not the guard (tested on its own),
+    # and a loaded machine's jitter must not shrink the budget to nothing.
+    config = FillConfig(online_rate_per_s=40.0, slo_s=1.0, max_batch=4, max_in_flight=2,
+                        calibration_steps=3, dataset_size=64, tolerance=100.0)
     filler = build_worker_filler(config)
-    _train_with(filler, steps=30)
+    _train_with(filler, steps=20)
     m = filler.metrics()
     bubbles = list(filler.monitor.recent_bubbles)
     assert m["error"] is None
-    assert m["bubbles"] == 30 and m["baseline_compute_s"] > 0
+    assert m["bubbles"] == 20 and m["baseline_compute_s"] > 0
     assert m["chunks"] > 0 and m["offline_samples"] > 0 and m["online_served"] > 0
     assert m["online_p95_s"] is not None and m["online_p95_s"] >= m["online_p50_s"]
     assert all(_inside(picked, bubbles) for picked, *_ in filler.chunk_log)
@@ -91,19 +103,19 @@ def test_gated_filler_serves_inference_only_inside_bubbles():
                                    + m["online_shed_expired"] + len(filler.scheduler.queue))
 
 
-def test_naive_colocation_starts_chunks_outside_bubbles():
+def test_naive_colocation_starts_chunks_outside_bubbles(one_training_thread):
     """The contrast that makes the test above able to fail: without the gate, chunks start while
     training computes."""
-    filler = assemble(FillConfig(online_rate_per_s=0.0, max_batch=8, dataset_size=64), "naive")
+    filler = assemble(FillConfig(online_rate_per_s=0.0, max_batch=4, dataset_size=64), "naive")
     filler.calibrate(repeats=1)
     filler.start()
-    _train_with(filler, steps=15)
+    _train_with(filler, steps=8)
     bubbles = list(filler.monitor.recent_bubbles)
     assert any(not _inside(picked, bubbles) for picked, *_ in filler.chunk_log)
     assert filler.metrics()["spill_s"] > 0
 
 
-def test_paused_filler_starts_nothing_and_sheds_its_queue():
+def test_paused_filler_starts_nothing_and_sheds_its_queue(one_training_thread):
     config = FillConfig(online_rate_per_s=200.0, slo_s=5.0, max_batch=4, dataset_size=16,
                         calibration_steps=2, tolerance=0.5)
     filler = assemble(config, "gated")
