@@ -7,7 +7,8 @@ started once, then paused; a round gives each mode one block of `block_steps` tr
 (order rotated per round) with only that mode's filler resumed. The first step of each block is
 discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
 which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
-time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. The bubble
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. On a CUDA
+machine training and inference both run on the GPU (training on a high-priority stream). The bubble
 is `bubble_share` of the step: the emulated link bandwidth is chosen from the fastest solo compute
 phase measured at the start.
 """
@@ -34,8 +35,8 @@ def _settings(quick: bool) -> dict:
             "warmup_steps": 8, "bubble_share": 0.5, "max_s": 75.0 if quick else 600.0}
 
 
-def bench_config() -> FillConfig:
-    return FillConfig(online_rate_per_s=20.0, slo_s=0.5, max_batch=32, intra_op_threads=2,
+def bench_config(device: str = "cpu") -> FillConfig:
+    return FillConfig(device=device, online_rate_per_s=20.0, slo_s=0.5, max_batch=32, intra_op_threads=2,
                       max_in_flight=1, margin=0.25, tolerance=0.05, queue_capacity=64)
 
 
@@ -101,10 +102,13 @@ def _pooled(blocks: list[dict]) -> dict:
 
 
 def run_bench(quick: bool) -> dict:
+    import torch
+
     s = _settings(quick)
-    config = bench_config()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = bench_config(device)
     started_s = time.perf_counter()
-    job = TrainingJob()
+    job = TrainingJob(device=device)
     probe = BubbleMonitor()
     job.set_bubble(1e-3)
     job.run(2 * s["warmup_steps"], probe)
@@ -172,7 +176,7 @@ def run_bench(quick: bool) -> dict:
         "solo_inference": solo,
         "modes": modes,
         "rounds": ratios,
-        "settings": {**s, "rounds_run": len(ratios), "compute_s": compute_s,
+        "settings": {**s, "device": device, "rounds_run": len(ratios), "compute_s": compute_s,
                      "comm_s": job.transfer_s(), "bandwidth_mbps": job.bandwidth_mbps,
                      "param_mb": job.param_bytes / 2**20, "training_batch": job.batch,
                      "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
@@ -216,7 +220,7 @@ def format_table(result: dict) -> str:
         return "-" if value is None else format(value, spec)
 
     st = result["settings"]
-    lines = [f"training: compute {st['compute_s'] * 1e3:.1f} ms + comm {st['comm_s'] * 1e3:.1f} ms "
+    lines = [f"device {st['device']}; training: compute {st['compute_s'] * 1e3:.1f} ms + comm {st['comm_s'] * 1e3:.1f} ms "
              f"per step; {st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
              f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
              f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"

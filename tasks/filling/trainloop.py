@@ -17,20 +17,32 @@ from tasks.phases import PhaseListener
 
 
 class TrainingJob:
-    def __init__(self, batch: int = 64, width: int = 32, seed: int = 0):
+    """On CUDA the step runs on a highest-priority stream and compute_end is marked after that
+    stream has finished, so the phase edges are the device's, not the launch's."""
+
+    def __init__(self, batch: int = 64, width: int = 32, seed: int = 0, device: str = "cpu"):
         torch.manual_seed(seed)
+        self.device = device
         self.batch = batch
         self.model = nn.Sequential(
             nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(2 * width * 8 * 8, 100),
         )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(seed)
         self.inputs = torch.randn(8 * batch, 3, 32, 32, generator=gen)
         self.labels = torch.randint(0, 100, (8 * batch,), generator=gen)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.send_buffer = torch.empty(sum(p.numel() for p in self.model.parameters()))
+        self.stream = None
+        if device != "cpu":
+            from tasks.filling.executor import training_stream
+
+            self.model.to(device)
+            self.inputs, self.labels = self.inputs.to(device), self.labels.to(device)
+            self.send_buffer = self.send_buffer.to(device)
+            self.stream = training_stream(device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.bandwidth_mbps = 1000.0
 
     def transfer_s(self) -> float:
@@ -41,14 +53,21 @@ class TrainingJob:
         """Pick the link bandwidth that makes one step's communication last `comm_s`."""
         self.bandwidth_mbps = 2 * self.param_bytes * 8 / (comm_s * 1e6)
 
-    def compute(self, step: int) -> float:
+    def compute(self, step: int) -> None:
+        if self.stream is None:
+            self._compute(step)
+            return
+        with torch.cuda.stream(self.stream):
+            self._compute(step)
+        self.stream.synchronize()
+
+    def _compute(self, step: int) -> None:
         i = (step % 8) * self.batch
         self.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(self.model(self.inputs[i:i + self.batch]),
                                            self.labels[i:i + self.batch])
         loss.backward()
         self.optimizer.step()
-        return float(loss.detach())
 
     def communicate(self) -> None:
         start = time.perf_counter()
