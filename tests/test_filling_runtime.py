@@ -146,3 +146,21 @@ def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
     assert pooled["spill_fraction"] == pytest.approx(0.25)
     assert pooled["offline_samples_per_s"] == pytest.approx(5.0)
     assert pooled["online_p50_s"] == pytest.approx(0.15)
+
+
+def test_a_failing_inference_chunk_stops_filling_not_training(one_training_thread):
+    filler = assemble(FillConfig(online_rate_per_s=0.0, max_batch=2, dataset_size=16,
+                                 calibration_steps=2, tolerance=100.0), "gated")
+    filler.calibrate(repeats=1)
+    filler.executor.workload.dataset = torch.zeros(16, 5)  # wrong shape: the conv net raises
+    filler.start()
+    job = TrainingJob(batch=16, width=8)
+    job.set_bubble(0.05)
+    try:
+        times = job.run(8, filler)
+    finally:
+        filler.close()
+    assert len(times) == 8
+    m = filler.metrics()
+    assert m["error"] is not None and "RuntimeError" in m["error"]
+    assert m["offline_samples"] == 0

@@ -91,11 +91,13 @@ class Filler:
             t0 = self._busy_begin()
             try:
                 self.executor.run(chunk)
-            except BaseException as err:  # keep training alive; report through metrics/close
+            except Exception as err:  # stop filling, keep training alive; reported in metrics
                 self.error = err
                 self._stop.set()
             t1 = self._busy_end()
             self.admission.finish(t1 - t0)
+            if self.error is not None:
+                return
             self.scheduler.complete(chunk, t1, t1 - t0)
             with self._stats_lock:
                 self.chunks += 1
