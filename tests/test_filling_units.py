@@ -48,7 +48,7 @@ def test_monitor_estimates_each_slot_from_its_own_bubbles():
     assert monitor.slots[1].predicted_s() == pytest.approx(0.30)
     assert monitor.bubble_count == 10
     assert monitor.bubble_total_s == pytest.approx(2.0)
-    assert monitor.compute_times_s == pytest.approx([0.05] * 10)
+    assert list(monitor.compute_times_s) == pytest.approx([0.05] * 10)
 
 
 def test_monitor_predicted_remaining_shrinks_and_is_zero_when_closed():

@@ -20,7 +20,6 @@ class OpenAdmission:
     def __init__(self, max_in_flight: int):
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.started = 0
         self._cond = threading.Condition()
 
     def start(self, pick):
@@ -30,8 +29,7 @@ class OpenAdmission:
             chunk = pick(math.inf)
             if chunk is not None:
                 self.in_flight += 1
-                self.started += 1
-            return chunk
+                return chunk
 
     def finish(self, busy_s: float) -> None:
         with self._cond:
@@ -50,7 +48,6 @@ class RateLimitedAdmission:
         self.burst_s = burst_s
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.started = 0
         self._tokens_s = 0.0
         self._last = time.perf_counter()
         self._lock = threading.Lock()
@@ -69,8 +66,7 @@ class RateLimitedAdmission:
             chunk = pick(self._tokens_s)
             if chunk is not None:
                 self.in_flight += 1
-                self.started += 1
-            return chunk
+                return chunk
 
     def finish(self, busy_s: float) -> None:
         with self._lock:

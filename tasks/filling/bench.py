@@ -115,7 +115,7 @@ def run_bench(quick: bool) -> dict:
     job.set_bubble(1e-3)
     job.run(2 * s["warmup_steps"], probe)
     # The fastest compute phase: the machine's background load only ever adds to it.
-    compute_s = min(probe.compute_times_s[s["warmup_steps"]:])
+    compute_s = min(list(probe.compute_times_s)[s["warmup_steps"]:])
     job.set_bubble(compute_s * s["bubble_share"] / (1 - s["bubble_share"]))
     step_s = compute_s + job.transfer_s()
 

@@ -151,6 +151,7 @@ class Filler:
             busy_s, inside_s, chunks = self.busy_s, self.busy_in_bubble_s, self.chunks
         sched, queue, monitor = self.scheduler, self.scheduler.queue, self.monitor
         latency = sched.latency_percentiles(since_s)
+        predicted_s, ewma_s = monitor.estimate(0)
         return {
             "inference_samples": sched.offline_samples + sched.online_served,
             "offline_samples": sched.offline_samples,
@@ -168,6 +169,8 @@ class Filler:
             "spill_s": busy_s - inside_s,
             "bubble_s": monitor.bubble_total_s,
             "bubbles": monitor.bubble_count,
+            "bubble_predicted_s": predicted_s,
+            "bubble_ewma_s": ewma_s,
             "fill_efficiency": inside_s / monitor.bubble_total_s if monitor.bubble_total_s else 0.0,
             "guard_budget": self.guard.budget,
             "guard_shrinks": self.guard.shrinks,

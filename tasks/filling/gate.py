@@ -39,7 +39,6 @@ class Gate:
         self.margin = margin
         self.margin_s = margin_s
         self.in_flight = 0
-        self.started = 0
         self._lock = threading.Lock()
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
 
@@ -62,7 +61,6 @@ class Gate:
                 self._failed_generation = generation
                 return None
             self.in_flight += 1
-            self.started += 1
             return chunk
 
     def finish(self, busy_s: float) -> None:

@@ -57,9 +57,7 @@ class BubbleMonitor:
         self.recent_bubbles: deque[tuple[float, float]] = deque(maxlen=512)
         self.bubble_total_s = 0.0
         self.bubble_count = 0
-        self.compute_times_s: list[float] = []
-        self.step_times_s: list[float] = []
-        self._last_compute_start: float | None = None
+        self.compute_times_s: deque[float] = deque(maxlen=4096)  # recent compute phases
         self._compute_listeners: list[Callable[[float], None]] = []
 
     def on_compute_time(self, callback: Callable[[float], None]) -> None:
@@ -68,11 +66,7 @@ class BubbleMonitor:
 
     # -- PhaseListener -------------------------------------------------------------------------
     def compute_start(self, step: int) -> None:
-        now = self.clock()
-        if self._last_compute_start is not None:
-            self.step_times_s.append(now - self._last_compute_start)
-        self._last_compute_start = now
-        self._compute_since = now
+        self._compute_since = self.clock()
 
     def compute_end(self, step: int) -> None:
         if self._compute_since is None:
@@ -130,5 +124,7 @@ class BubbleMonitor:
                 total += max(0.0, min(end, b1) - max(start, b0))
             return total
 
-    def estimates(self) -> list[dict[str, float | None]]:
-        return [{"predicted_s": s.predicted_s(), "ewma_s": s.ewma_s} for s in self.slots]
+    def estimate(self, slot: int = 0) -> tuple[float | None, float | None]:
+        """(admission estimate, EWMA) of a slot's bubble length, None before its first bubble."""
+        with self.changed:
+            return self.slots[slot].predicted_s(), self.slots[slot].ewma_s
