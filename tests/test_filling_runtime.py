@@ -144,6 +144,7 @@ def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
     pooled = _pooled([block, block])
     assert pooled["fill_efficiency"] == pytest.approx(0.5)
     assert pooled["spill_fraction"] == pytest.approx(0.25)
+    assert pooled["spill_share_of_training_time"] == pytest.approx(1.0 / 12.0)
     assert pooled["offline_samples_per_s"] == pytest.approx(5.0)
     assert pooled["online_p50_s"] == pytest.approx(0.15)
 

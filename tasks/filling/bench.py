@@ -95,6 +95,9 @@ def _pooled(blocks: list[dict]) -> dict:
         "fill_efficiency": total["busy_in_bubble_s"] / total["bubble_s"] if total["bubble_s"] else 0.0,
         "spill_s": total["spill_s"],
         "spill_fraction": total["spill_s"] / busy_s if busy_s else 0.0,
+        # Inference running while training computes, as a share of training's wall time: the
+        # only window in which it can slow training, and unlike step times, not load noise.
+        "spill_share_of_training_time": total["spill_s"] / total["wall_s"],
         "offline_samples_per_s": total["offline_samples"] / total["wall_s"],
         "online_offered": total["online_offered"],
         "online_served": total["online_served"],
@@ -171,6 +174,8 @@ def run_bench(quick: bool) -> dict:
         "step_slowdown_p99": gated["step_slowdown_p99"],
         "fill_efficiency": gated["fill_efficiency"],
         "spill_fraction": gated["spill_fraction"],
+        "spill_share_of_training_time": gated["spill_share_of_training_time"],
+        "naive_spill_share_of_training_time": naive["spill_share_of_training_time"],
         "offline_samples_per_s": gated["offline_samples_per_s"],
         "offline_share_of_solo": gated["offline_share_of_solo"],
         "online_p95_s": gated["online_p95_s"],
@@ -226,18 +231,21 @@ def format_table(result: dict) -> str:
              f"per step; {st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
              f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
              f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
-             f"{'spill':>7}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'shed':>6}"]
+             f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'shed':>6}"]
     solo = result["solo_inference"]
-    lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}"
+    lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}{'-':>8}"
                  f"{solo['offline_samples_per_s']:>10.1f}{'1.00':>8}"
                  f"{fmt(solo['online_p50_s'], '.3f'):>8}{fmt(solo['online_p95_s'], '.3f'):>8}{'-':>6}")
     for mode in MODES:
         m = result["modes"][mode]
         lines.append(f"{mode:<13}{m['training_retained']:>9.3f}{m['step_slowdown_p50']:>+9.1%}"
                      f"{m['step_slowdown_p99']:>+9.1%}{m['fill_efficiency']:>9.2f}"
-                     f"{m['spill_fraction']:>7.2f}{m['offline_samples_per_s']:>10.1f}"
+                     f"{m['spill_fraction']:>7.2f}{m['spill_share_of_training_time']:>8.3f}"
+                     f"{m['offline_samples_per_s']:>10.1f}"
                      f"{m['offline_share_of_solo']:>8.2f}{fmt(m['online_p50_s'], '.3f'):>8}"
                      f"{fmt(m['online_p95_s'], '.3f'):>8}{m['online_shed']:>6.0f}")
+    lines.append("spill = inference busy time outside bubbles / inference busy time; spill/T = the "
+                 "same time / training wall time")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
