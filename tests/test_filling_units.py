@@ -90,6 +90,18 @@ def test_monitor_overlap_counts_only_time_inside_bubbles():
     assert monitor.overlap_s(4.5, 5.25) == pytest.approx(0.25)
 
 
+def test_compute_start_closes_a_bubble_whose_comm_end_never_came():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    open_bubble(monitor, clock, 3)
+    clock.now += 5.0  # lost the PS, rejoined, never called comm_end
+    monitor.compute_start(4)
+    assert not monitor.is_open()
+    assert monitor.slots[0].predicted_s() == pytest.approx(0.1)  # kept out of the estimate
+    assert monitor.bubble_count == 4
+
+
 def test_monitor_reports_compute_times_to_listeners():
     clock = FakeClock()
     monitor = BubbleMonitor(clock=clock)

@@ -66,6 +66,10 @@ class BubbleMonitor:
 
     # -- PhaseListener -------------------------------------------------------------------------
     def compute_start(self, step: int) -> None:
+        # A loop that skipped comm_end (e.g. it lost its parameter server and rejoined) must not
+        # leave the gate open while it computes: close the bubble, keep it out of the estimate.
+        if self.open_since is not None:
+            self._close(estimate=False)
         self._compute_since = self.clock()
 
     def compute_end(self, step: int) -> None:
@@ -85,12 +89,16 @@ class BubbleMonitor:
             self.changed.notify_all()
 
     def comm_end(self, step: int) -> None:
+        self._close(estimate=True)
+
+    def _close(self, estimate: bool) -> None:
         with self.changed:
             if self.open_since is None:
                 return
             now = self.clock()
             length_s = now - self.open_since
-            self.slots[self._open_slot].add(length_s)
+            if estimate:
+                self.slots[self._open_slot].add(length_s)
             self.recent_bubbles.append((self.open_since, now))
             self.bubble_total_s += length_s
             self.bubble_count += 1
