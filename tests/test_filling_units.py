@@ -234,6 +234,27 @@ def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additivel
     assert guard.shrinks == 7
 
 
+def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile():
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    assert guard.calibrating
+    for s in (1.0, 1.0):
+        guard.observe_compute_s(s)
+    assert not guard.calibrating and guard.baseline_s == 1.0
+    for s in (1.0, 1.0, 1.0, 1.0):
+        guard.observe_compute_s(s)
+    assert guard.calibrating  # 4 steps since the baseline: measure solo again
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    open_bubble(monitor, clock, 3)
+    assert Gate(monitor, guard, max_in_flight=1, margin=0.0).start(lambda a: "chunk") is None
+    for s in (2.0, 2.0):  # the machine got slower for reasons of its own
+        guard.observe_compute_s(s)
+    assert guard.baseline_s == 2.0
+    guard.observe_compute_s(2.0)
+    assert guard.shrinks == 0 and guard.budget == 1.0  # not blamed on inference
+
+
 def test_guard_judges_the_median_of_its_window():
     guard = StepTimeGuard(tolerance=0.05, calibration_steps=1, window=3)
     for s in (1.0, 1.0, 1.0, 5.0):  # one outlier among normal steps

@@ -32,7 +32,8 @@ class FillConfig(BaseModel):
     margin: float = Field(0.25, ge=0)  # chunk cost * (1 + margin) must fit the predicted remainder
     margin_s: float = Field(0.0, ge=0)
     tolerance: float = Field(0.02, gt=0)  # guard: allowed compute-time drift over solo
-    calibration_steps: int = Field(5, ge=1)
+    calibration_steps: int = Field(5, ge=1)  # guard: compute phases per solo baseline
+    rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
     max_batch: int = Field(32, ge=1, le=4096)
     intra_op_threads: int = Field(1, ge=1)
     slots: int = Field(1, ge=1)
@@ -91,7 +92,7 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
             f"inference model {config.model} needs ~{need_mb:.0f} MB at batch {config.max_batch} "
             f"but only {have_mb:.0f} MB remain for inference; lower max_batch or raise the budget")
     monitor = BubbleMonitor(slots=config.slots)
-    guard = StepTimeGuard(config.tolerance, config.calibration_steps)
+    guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
     if policy == "gated":
         admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s)
     elif policy == "naive":

@@ -54,7 +54,7 @@ class RateLimitedAdmission:
 
     def _refill(self) -> None:
         now = time.perf_counter()
-        rate = self.duty * self.guard.budget if self.guard.calibrated else 0.0
+        rate = 0.0 if self.guard.calibrating else self.duty * self.guard.budget
         self._tokens_s = min(self.burst_s, self._tokens_s + rate * (now - self._last))
         self._last = now
 

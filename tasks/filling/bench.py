@@ -39,7 +39,8 @@ def _settings(quick: bool) -> dict:
 
 def bench_config(device: str = "cpu") -> FillConfig:
     return FillConfig(device=device, online_rate_per_s=20.0, slo_s=0.5, max_batch=32, intra_op_threads=2,
-                      max_in_flight=1, margin=0.25, tolerance=0.05, queue_capacity=64)
+                      max_in_flight=1, margin=0.25, tolerance=0.05, queue_capacity=64,
+                      calibration_steps=3, rebaseline_every=30)
 
 
 def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:

@@ -43,7 +43,7 @@ class Gate:
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
 
     def allowance_s(self) -> float:
-        if not self.guard.calibrated or self.in_flight >= self.max_in_flight:
+        if self.guard.calibrating or self.in_flight >= self.max_in_flight:
             return 0.0
         remaining_s = self.monitor.predicted_remaining_s()
         return max(0.0, (self.guard.budget * remaining_s - self.margin_s) / (1 + self.margin))
