@@ -10,6 +10,7 @@ import importlib
 
 BENCHES = {
     "aws": "tasks.providers.aws_bench",
+    "filling": "tasks.filling.bench",
     "planner": "tasks.planner.bench",
     "market": "tasks.market.bench",
     "runtime": "tasks.runtime.bench",

@@ -1,0 +1,127 @@
+"""What the training runtime calls: `build_worker_filler(config)` -> a started filler (a
+tasks.phases.PhaseListener with `metrics()` and `close()`), or a do-nothing one when disabled.
+
+Online load: a worker has no front end of its own, so the filler generates a seeded Poisson
+arrival stream at `online_rate_per_s` (0 = none); offline work scores the model's dataset.
+"""
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tasks.errors import UserInputError
+from tasks.phases import NoListener
+from tasks.profile import format_validation_error
+
+Policy = Literal["gated", "naive", "rate_limited"]
+
+
+class FillConfig(BaseModel):
+    """Inference filling on one worker. Validated: bad values -> one-line UserInputError."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = True
+    device: Literal["cpu", "cuda"] = "cpu"
+    model: Literal["cnn", "transformer"] = "cnn"
+    online_rate_per_s: float = Field(10.0, ge=0)
+    slo_s: float = Field(0.25, gt=0)
+    queue_capacity: int = Field(64, ge=1)
+    max_in_flight: int = Field(1, ge=1, le=16)  # K
+    margin: float = Field(0.25, ge=0)  # chunk cost * (1 + margin) must fit the predicted remainder
+    margin_s: float = Field(0.0, ge=0)
+    tolerance: float = Field(0.02, gt=0)  # guard: allowed compute-time drift over solo
+    calibration_steps: int = Field(5, ge=1)  # guard: compute phases per solo baseline
+    rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
+    max_batch: int = Field(32, ge=1, le=4096)
+    intra_op_threads: int = Field(1, ge=1)
+    slots: int = Field(1, ge=1)
+    memory_budget_mb: float | None = Field(None, gt=0)  # CPU: default = half of MemAvailable
+    dataset_size: int = Field(1024, ge=1)
+    rate_limited_duty: float = Field(0.3, gt=0, le=1)  # only for the TGS-like baseline
+    seed: int = 0
+
+
+def parse_fill_config(data: dict) -> FillConfig:
+    try:
+        return FillConfig(**data)
+    except ValidationError as err:
+        raise UserInputError(format_validation_error(err, "fill config")) from None
+
+
+def available_memory_mb(config: FillConfig) -> float:
+    """Memory inference may use: on CUDA the device's free memory (torch.cuda.mem_get_info); on
+    CPU `memory_budget_mb`, or half of the kernel's MemAvailable when not given."""
+    if config.device == "cuda":
+        import torch
+
+        free_bytes, _total = torch.cuda.mem_get_info()
+        return free_bytes / 2**20
+    if config.memory_budget_mb is not None:
+        return config.memory_budget_mb
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024 / 2
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 2**20 / 2
+
+
+def assemble(config: FillConfig, policy: Policy = "gated"):
+    """Build (not start) a filler for `policy`; checks the device and the memory first."""
+    import torch
+
+    from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
+    from tasks.filling.executor import CpuExecutor, CudaExecutor
+    from tasks.filling.filler import Filler
+    from tasks.filling.gate import Gate
+    from tasks.filling.guard import StepTimeGuard
+    from tasks.filling.models import build_workload, memory_needed_mb
+    from tasks.filling.monitor import BubbleMonitor
+    from tasks.filling.scheduler import CostModel, OnlineQueue, PoissonArrivals, Scheduler
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("fill config: device is cuda but torch sees no CUDA device")
+    workload = build_workload(config.model, config.dataset_size, config.seed)
+    if config.device == "cuda":
+        workload = workload.to("cuda")
+    need_mb = memory_needed_mb(workload, config.max_batch)
+    have_mb = available_memory_mb(config)
+    if need_mb > have_mb:
+        raise UserInputError(
+            f"inference model {config.model} needs ~{need_mb:.0f} MB at batch {config.max_batch} "
+            f"but only {have_mb:.0f} MB remain for inference; lower max_batch or raise the budget")
+    monitor = BubbleMonitor(slots=config.slots)
+    guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
+    if policy == "gated":
+        admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s)
+    elif policy == "naive":
+        admission = OpenAdmission(config.max_in_flight)
+    else:
+        admission = RateLimitedAdmission(guard, config.rate_limited_duty, burst_s=0.05,
+                                         max_in_flight=config.max_in_flight)
+    arrivals = (PoissonArrivals(config.online_rate_per_s, config.seed)
+                if config.online_rate_per_s > 0 else None)
+    scheduler = Scheduler(OnlineQueue(config.queue_capacity, config.slo_s), arrivals,
+                          CostModel(config.max_batch), config.dataset_size)
+    executor = (CudaExecutor(workload) if config.device == "cuda"
+                else CpuExecutor(workload, config.intra_op_threads))
+    return Filler(monitor, guard, admission, scheduler, executor, lanes=config.max_in_flight)
+
+
+class DisabledFiller(NoListener):
+    def metrics(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def build_worker_filler(config: FillConfig | dict):
+    """The runtime's entry point: a calibrated, started gated filler (or a no-op when disabled)."""
+    config = config if isinstance(config, FillConfig) else parse_fill_config(config)
+    if not config.enabled:
+        return DisabledFiller()
+    filler = assemble(config, "gated")
+    filler.calibrate()
+    return filler.start()

@@ -1,0 +1,252 @@
+"""`spotfill bench filling`: training alone, inference alone, naive co-location, rate-limited
+(TGS-like) co-location and the gated filler, measured in one run on this machine.
+
+The machine is shared, so its background load drifts; to let every mode see the same load, the
+modes run interleaved in short blocks inside one process. All fillers are built, calibrated and
+started once, then paused; a round gives each mode one block of `block_steps` training steps
+(order rotated per round) with only that mode's filler resumed. The first step of each block is
+discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
+which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. On a CUDA
+machine training and inference both run on the GPU (training on a high-priority stream). The bubble
+is `bubble_share` of the step: the emulated link bandwidth is chosen from the fastest solo compute
+phase measured at the start.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tasks.filling.attach import FillConfig, assemble
+from tasks.filling.monitor import BubbleMonitor
+from tasks.filling.trainloop import TrainingJob
+
+MODES = ("naive", "rate_limited", "gated")
+ARTIFACT = Path("artifacts") / "filling_bench.png"
+COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
+            "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
+
+
+def _settings(quick: bool) -> dict:
+    # Short blocks, many rounds: the background load drifts within seconds, and a median over
+    # many short paired rounds resists a load spike better than a few long ones.
+    return {"rounds": 12 if quick else 40, "min_rounds": 3, "block_steps": 6,
+            "warmup_steps": 8, "bubble_share": 0.5, "max_s": 75.0 if quick else 480.0}
+
+
+def bench_config(device: str = "cpu") -> FillConfig:
+    return FillConfig(device=device, online_rate_per_s=20.0, slo_s=0.5, max_batch=32, intra_op_threads=2,
+                      max_in_flight=1, margin=0.25, tolerance=0.05, queue_capacity=64,
+                      calibration_steps=3, rebaseline_every=30)
+
+
+def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:
+    """One block of training steps with `filler` resumed (None: training alone)."""
+    listener = listener or filler
+    before = filler.metrics() if filler else None
+    if filler:
+        filler.resume()
+    t0 = time.perf_counter()
+    times = job.run(steps, listener, first_step)
+    t1 = time.perf_counter()
+    out = {"step_times_s": times[1:], "wall_s": t1 - t0}
+    if filler:
+        filler.pause()
+        after = filler.metrics()
+        out.update({k: after[k] - before[k] for k in COUNTERS})
+        out["latencies_s"] = [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]
+    return out
+
+
+def _solo_block(filler, duration_s: float) -> dict:
+    """Inference alone for `duration_s`: its offline rate and online latency, same config."""
+    before = filler.metrics()
+    filler.resume()
+    t0 = time.perf_counter()
+    time.sleep(duration_s)
+    filler.pause()
+    t1 = time.perf_counter()
+    after = filler.metrics()
+    return {"offline_samples": after["offline_samples"] - before["offline_samples"],
+            "wall_s": t1 - t0,
+            "latencies_s": [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]}
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"online_p50_s": None, "online_p95_s": None, "online_p99_s": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"online_p50_s": float(p50), "online_p95_s": float(p95), "online_p99_s": float(p99)}
+
+
+def _round_ratios(alone: dict, run: dict) -> dict:
+    a, r = np.array(alone["step_times_s"]), np.array(run["step_times_s"])
+    return {"training_retained": float(a.mean() / r.mean()),
+            "step_slowdown_p50": float(np.percentile(r, 50) / np.percentile(a, 50) - 1),
+            "step_slowdown_p99": float(np.percentile(r, 99) / np.percentile(a, 99) - 1)}
+
+
+def _pooled(blocks: list[dict]) -> dict:
+    total = {k: sum(b[k] for b in blocks) for k in (*COUNTERS, "wall_s")}
+    busy_s = total["busy_s"]
+    return {
+        "fill_efficiency": total["busy_in_bubble_s"] / total["bubble_s"] if total["bubble_s"] else 0.0,
+        "spill_s": total["spill_s"],
+        "spill_fraction": total["spill_s"] / busy_s if busy_s else 0.0,
+        # Inference running while training computes, as a share of training's wall time: the
+        # only window in which it can slow training, and unlike step times, not load noise.
+        "spill_share_of_training_time": total["spill_s"] / total["wall_s"],
+        "offline_samples_per_s": total["offline_samples"] / total["wall_s"],
+        "online_offered": total["online_offered"],
+        "online_served": total["online_served"],
+        "online_shed": total["online_shed_overflow"] + total["online_shed_expired"],
+        **_percentiles([lat for b in blocks for lat in b["latencies_s"]]),
+    }
+
+
+def run_bench(quick: bool) -> dict:
+    import torch
+
+    s = _settings(quick)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = bench_config(device)
+    started_s = time.perf_counter()
+    job = TrainingJob(device=device)
+    probe = BubbleMonitor()
+    job.set_bubble(1e-3)
+    job.run(2 * s["warmup_steps"], probe)
+    # The fastest compute phase: the machine's background load only ever adds to it.
+    compute_s = min(list(probe.compute_times_s)[s["warmup_steps"]:])
+    job.set_bubble(compute_s * s["bubble_share"] / (1 - s["bubble_share"]))
+    step_s = compute_s + job.transfer_s()
+
+    fillers = {mode: assemble(config, mode) for mode in MODES}
+    fillers["infer_alone"] = assemble(config, "naive")
+    for filler in fillers.values():
+        filler.calibrate()
+        filler.start().pause()
+    blocks: dict[str, list[dict]] = {mode: [] for mode in ("alone", "infer_alone", *MODES)}
+    ratios: list[dict] = []
+    step = 0
+    try:
+        for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
+            _block(job, fillers[mode], s["warmup_steps"], step)
+            step += s["warmup_steps"]
+        order = ["alone", "infer_alone", *MODES]
+        for r in range(s["rounds"]):
+            if r >= s["min_rounds"] and time.perf_counter() - started_s > s["max_s"]:
+                break
+            k = r % len(order)
+            this_round = {}
+            for mode in order[k:] + order[:k]:
+                if mode == "infer_alone":
+                    blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
+                    continue
+                this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
+                                          listener=BubbleMonitor() if mode == "alone" else None)
+                blocks[mode].append(this_round[mode])
+                step += s["block_steps"]
+            ratios.append({m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES})
+    finally:
+        for filler in fillers.values():
+            filler.close()
+
+    solo_blocks = blocks["infer_alone"]
+    solo = {"offline_samples_per_s": sum(b["offline_samples"] for b in solo_blocks)
+            / sum(b["wall_s"] for b in solo_blocks),
+            **_percentiles([lat for b in solo_blocks for lat in b["latencies_s"]])}
+    modes = {}
+    for mode in MODES:
+        modes[mode] = {k: float(statistics.median(rd[mode][k] for rd in ratios))
+                       for k in ratios[0][mode]}
+        modes[mode].update(_pooled(blocks[mode]))
+        modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
+                                                / solo["offline_samples_per_s"])
+        modes[mode]["guard_shrinks"] = fillers[mode].guard.shrinks
+    gated, naive = modes["gated"], modes["naive"]
+    result = {
+        "training_retained": gated["training_retained"],
+        "naive_training_retained": naive["training_retained"],
+        "rate_limited_training_retained": modes["rate_limited"]["training_retained"],
+        "step_slowdown_p50": gated["step_slowdown_p50"],
+        "step_slowdown_p99": gated["step_slowdown_p99"],
+        "fill_efficiency": gated["fill_efficiency"],
+        "spill_fraction": gated["spill_fraction"],
+        "spill_share_of_training_time": gated["spill_share_of_training_time"],
+        "naive_spill_share_of_training_time": naive["spill_share_of_training_time"],
+        "offline_samples_per_s": gated["offline_samples_per_s"],
+        "offline_share_of_solo": gated["offline_share_of_solo"],
+        "online_p95_s": gated["online_p95_s"],
+        "naive_online_p95_s": naive["online_p95_s"],
+        "solo_inference": solo,
+        "modes": modes,
+        "rounds": ratios,
+        "settings": {**s, "device": device, "rounds_run": len(ratios), "compute_s": compute_s,
+                     "comm_s": job.transfer_s(), "bandwidth_mbps": job.bandwidth_mbps,
+                     "param_mb": job.param_bytes / 2**20, "training_batch": job.batch,
+                     "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
+    }
+    result["plot"] = _plot(result)
+    return result
+
+
+def _plot(result: dict) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    modes = result["modes"]
+    names = list(MODES)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = [("training retained", [modes[m]["training_retained"] for m in names], 1.0),
+              ("offline inference (samples/s)", [modes[m]["offline_samples_per_s"] for m in names],
+               result["solo_inference"]["offline_samples_per_s"]),
+              ("online p95 latency (s)", [modes[m]["online_p95_s"] or 0 for m in names],
+               result["solo_inference"]["online_p95_s"])]
+    for ax, (title, values, reference) in zip(axes, panels):
+        ax.bar(names, values, color=["tab:red", "tab:orange", "tab:green"])
+        if reference is not None:
+            ax.axhline(reference, color="k", linestyle="--", linewidth=1, label="alone")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle("spotfill bench filling (medians over rounds)")
+    fig.tight_layout()
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(ARTIFACT, dpi=110)
+    plt.close(fig)
+    return str(ARTIFACT)
+
+
+def format_table(result: dict) -> str:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    st = result["settings"]
+    lines = [f"device {st['device']}; training: compute {st['compute_s'] * 1e3:.1f} ms + comm {st['comm_s'] * 1e3:.1f} ms "
+             f"per step; {st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
+             f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
+             f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
+             f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'shed':>6}"]
+    solo = result["solo_inference"]
+    lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}{'-':>8}"
+                 f"{solo['offline_samples_per_s']:>10.1f}{'1.00':>8}"
+                 f"{fmt(solo['online_p50_s'], '.3f'):>8}{fmt(solo['online_p95_s'], '.3f'):>8}{'-':>6}")
+    for mode in MODES:
+        m = result["modes"][mode]
+        lines.append(f"{mode:<13}{m['training_retained']:>9.3f}{m['step_slowdown_p50']:>+9.1%}"
+                     f"{m['step_slowdown_p99']:>+9.1%}{m['fill_efficiency']:>9.2f}"
+                     f"{m['spill_fraction']:>7.2f}{m['spill_share_of_training_time']:>8.3f}"
+                     f"{m['offline_samples_per_s']:>10.1f}"
+                     f"{m['offline_share_of_solo']:>8.2f}{fmt(m['online_p50_s'], '.3f'):>8}"
+                     f"{fmt(m['online_p95_s'], '.3f'):>8}{m['online_shed']:>6.0f}")
+    lines.append("spill = inference busy time outside bubbles / inference busy time; spill/T = the "
+                 "same time / training wall time")
+    if result.get("plot"):
+        lines.append(f"plot: {result['plot']}")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Where chunks run. Each lane thread calls `lane_setup()` once, then `run(chunk)` per chunk;
+`run` returns when the chunk's work is complete, so the caller's timing is the chunk's busy time.
+
+CPU: inference runs in lane threads of the training process, on the same cores. torch's intra-op
+thread count is per calling thread with the OpenMP backend (measured: set_num_threads(1) in a lane
+leaves the training thread at its own count), so each lane pins its own count without touching
+training's. CUDA: each lane owns a lowest-priority stream; the training side should run on
+`training_stream()` (highest priority). Completion is tracked with an event the lane polls, so
+only the lane waits. Priorities do not preempt running kernels: the gate is what isolates.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from tasks.filling.models import InferenceWorkload
+from tasks.filling.scheduler import Chunk
+
+
+class CpuExecutor:
+    device = "cpu"
+
+    def __init__(self, workload: InferenceWorkload, intra_op_threads: int):
+        self.workload = workload
+        self.intra_op_threads = intra_op_threads
+
+    def lane_setup(self) -> None:
+        torch.set_num_threads(self.intra_op_threads)
+
+    def run(self, chunk: Chunk) -> None:
+        with torch.inference_mode():
+            self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch))
+
+
+def training_stream(device: str = "cuda") -> "torch.cuda.Stream":
+    """A highest-priority CUDA stream for the training step, above the inference lanes' streams."""
+    _least, greatest = torch.cuda.Stream.priority_range()
+    return torch.cuda.Stream(device=device, priority=greatest)
+
+
+class CudaExecutor:
+    device = "cuda"
+
+    def __init__(self, workload: InferenceWorkload, device: str = "cuda", poll_s: float = 1e-4):
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA executor asked for, but torch sees no CUDA device")
+        self.workload = workload.to(device)
+        self.poll_s = poll_s
+        self._lane = threading.local()
+
+    def lane_setup(self) -> None:
+        least, _greatest = torch.cuda.Stream.priority_range()
+        self._lane.stream = torch.cuda.Stream(device=self.workload.dataset.device, priority=least)
+
+    def run(self, chunk: Chunk) -> None:
+        stream = self._lane.stream
+        done = torch.cuda.Event()
+        with torch.cuda.stream(stream), torch.inference_mode():
+            self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch)
+                                .to(stream.device, non_blocking=True))
+            done.record(stream)
+        while not done.query():
+            time.sleep(self.poll_s)

@@ -1,0 +1,179 @@
+"""The filler: a PhaseListener for the training loop plus K lane threads that run inference chunks
+when the admission policy (the gate, or a baseline) lets them. Also keeps the numbers.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from tasks.filling.gate import Admission
+from tasks.filling.guard import StepTimeGuard
+from tasks.filling.monitor import BubbleMonitor
+from tasks.filling.scheduler import Chunk, Scheduler
+
+
+class Filler:
+    def __init__(self, monitor: BubbleMonitor, guard: StepTimeGuard, admission: Admission,
+                 scheduler: Scheduler, executor, lanes: int):
+        self.monitor = monitor
+        self.guard = guard
+        self.admission = admission
+        self.scheduler = scheduler
+        self.executor = executor
+        self.lanes = lanes
+        monitor.on_compute_time(guard.observe_compute_s)
+        self.chunks = 0
+        self.busy_s = 0.0
+        self.busy_in_bubble_s = 0.0
+        self.error: BaseException | None = None
+        self._active = 0
+        self._busy_since = 0.0
+        # Recent chunks as (picked_s, start_s, end_s, kind, batch), for tests and inspection.
+        self.chunk_log: deque[tuple[float, float, float, str, int]] = deque(maxlen=10_000)
+        self._stats_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._threads: list[threading.Thread] = []
+
+    # -- PhaseListener: delegate to the monitor (returns at once) -------------------------------
+    def compute_start(self, step: int) -> None:
+        self.monitor.compute_start(step)
+
+    def compute_end(self, step: int) -> None:
+        self.monitor.compute_end(step)
+
+    def comm_start(self, step: int) -> None:
+        self.monitor.comm_start(step)
+
+    def comm_end(self, step: int) -> None:
+        self.monitor.comm_end(step)
+
+    # -- lanes ---------------------------------------------------------------------------------
+    def calibrate(self, repeats: int = 3) -> None:
+        """Measure each chunk size alone (before training starts) to seed the cost model. Runs in
+        its own thread, as a lane would, so the caller's intra-op thread count is left alone."""
+        thread = threading.Thread(target=self._calibrate, args=(repeats,), name="fill-calibrate")
+        thread.start()
+        thread.join()
+
+    def _calibrate(self, repeats: int) -> None:
+        self.executor.lane_setup()
+        for size in self.scheduler.costs.batch_sizes:
+            chunk = Chunk("offline", size, 0.0)
+            self.executor.run(chunk)  # warm-up
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                self.executor.run(chunk)
+                self.scheduler.costs.update(size, time.perf_counter() - t0)
+
+    def start(self) -> "Filler":
+        """Start the lanes; online arrivals begin now."""
+        if self.scheduler.arrivals is not None:
+            self.scheduler.arrivals.begin(self.monitor.clock())
+        for i in range(self.lanes):
+            thread = threading.Thread(target=self._lane, name=f"fill-lane-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _lane(self) -> None:
+        clock = self.monitor.clock
+        self.executor.lane_setup()
+        while not self._stop.is_set():
+            if not self._running.wait(0.05):
+                continue
+            chunk = self.admission.start(lambda allowance_s: self.scheduler.pick(allowance_s, clock()))
+            if chunk is None:
+                self.admission.wait(0.05)
+                continue
+            t0 = self._busy_begin()
+            try:
+                self.executor.run(chunk)
+            except Exception as err:  # stop filling, keep training alive; reported in metrics
+                self.error = err
+                self._stop.set()
+            t1 = self._busy_end()
+            self.admission.finish(t1 - t0)
+            if self.error is not None:
+                return
+            self.scheduler.complete(chunk, t1, t1 - t0)
+            with self._stats_lock:
+                self.chunks += 1
+                self.chunk_log.append((chunk.picked_s, t0, t1, chunk.kind, chunk.batch))
+
+    # Busy time is the union of the lanes' chunk intervals (wall time with >= 1 chunk running),
+    # so K concurrent chunks never count a bubble twice.
+    def _busy_begin(self) -> float:
+        with self._stats_lock:
+            now = self.monitor.clock()
+            if self._active == 0:
+                self._busy_since = now
+            self._active += 1
+            return now
+
+    def _busy_end(self) -> float:
+        with self._stats_lock:
+            now = self.monitor.clock()
+            self._active -= 1
+            if self._active == 0:
+                self.busy_s += now - self._busy_since
+                self.busy_in_bubble_s += self.monitor.overlap_s(self._busy_since, now)
+            return now
+
+    def pause(self) -> None:
+        """Start no new chunk until resume() (running ones finish). Queued online requests are
+        shed (counted in online_shed_paused): their latency would include the pause."""
+        self._running.clear()
+        self.scheduler.shed_queued()
+
+    def resume(self) -> None:
+        """Start again; the online arrival process restarts now."""
+        if self.scheduler.arrivals is not None:
+            self.scheduler.arrivals.begin(self.monitor.clock())
+        self._running.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._running.set()
+        with self.monitor.changed:
+            self.monitor.changed.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads.clear()
+
+    # -- numbers -------------------------------------------------------------------------------
+    def metrics(self, since_s: float = float("-inf")) -> dict:
+        """Cumulative counters for telemetry; latency percentiles over requests completed since
+        `since_s` (all by default)."""
+        with self._stats_lock:
+            busy_s, inside_s, chunks = self.busy_s, self.busy_in_bubble_s, self.chunks
+        sched, queue, monitor = self.scheduler, self.scheduler.queue, self.monitor
+        latency = sched.latency_percentiles(since_s)
+        predicted_s, ewma_s = monitor.estimate(0)
+        return {
+            "inference_samples": sched.offline_samples + sched.online_served,
+            "offline_samples": sched.offline_samples,
+            "online_offered": queue.offered,
+            "online_served": sched.online_served,
+            "online_shed_overflow": queue.shed_overflow,
+            "online_shed_expired": queue.shed_expired,
+            "online_shed_paused": queue.shed_paused,
+            "online_p50_s": latency["p50_s"],
+            "online_p95_s": latency["p95_s"],
+            "online_p99_s": latency["p99_s"],
+            "chunks": chunks,
+            "busy_s": busy_s,
+            "busy_in_bubble_s": inside_s,
+            "spill_s": busy_s - inside_s,
+            "bubble_s": monitor.bubble_total_s,
+            "bubbles": monitor.bubble_count,
+            "bubble_predicted_s": predicted_s,
+            "bubble_ewma_s": ewma_s,
+            "fill_efficiency": inside_s / monitor.bubble_total_s if monitor.bubble_total_s else 0.0,
+            "guard_budget": self.guard.budget,
+            "guard_shrinks": self.guard.shrinks,
+            "baseline_compute_s": self.guard.baseline_s,
+            "error": repr(self.error) if self.error else None,
+        }

@@ -1,0 +1,188 @@
+"""Scheduler: online requests first, offline scoring in what remains, chunk sizes from measured cost.
+
+Online requests carry their arrival time and share one latency SLO. Shedding (documented, counted):
+- overflow: a request arriving to a full queue (`capacity`) is rejected at once;
+- expired: a queued request already older than the SLO when a chunk is formed is dropped, since
+  serving it cannot meet the SLO and would spend bubble time that fresher requests need;
+- paused: requests still queued when the filler is paused are dropped.
+Served requests' latency = completion - arrival. Offline work scores a fixed dataset over and over
+(epochs); its progress is counted in samples.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Chunk:
+    """One unit of inference work: a micro-batch of online requests or of the offline dataset."""
+    kind: str  # "online" or "offline"
+    batch: int
+    predicted_s: float
+    picked_s: float = 0.0  # when the scheduler formed it (inside the admission's decision)
+    arrivals_s: list[float] = field(default_factory=list)
+    offline_start: int = 0
+
+
+class CostModel:
+    """Measured seconds per chunk, per batch size (EWMA); sizes are powers of two up to max_batch."""
+
+    def __init__(self, max_batch: int, weight: float = 0.2):
+        self.batch_sizes = [1 << i for i in range(max_batch.bit_length()) if (1 << i) <= max_batch]
+        if self.batch_sizes[-1] != max_batch:
+            self.batch_sizes.append(max_batch)
+        self.weight = weight
+        self.cost_s: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def update(self, batch: int, seconds: float) -> None:
+        size = self._size_for(batch)
+        with self._lock:
+            old = self.cost_s.get(size)
+            # A partial batch is charged at its size's cost; never let it pull that cost down.
+            if batch < size and old is not None and seconds < old:
+                return
+            self.cost_s[size] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+
+    def _size_for(self, batch: int) -> int:
+        return next(s for s in self.batch_sizes if s >= batch)
+
+    def predict_s(self, batch: int) -> float | None:
+        """Cost of a chunk of `batch` samples: that of the next measured size up (conservative)."""
+        return self.cost_s.get(self._size_for(batch))
+
+    def largest_fitting(self, allowance_s: float, limit: int) -> int:
+        """The largest batch (<= limit) whose measured cost fits the allowance; 0 if none."""
+        best = 0
+        for size in self.batch_sizes:
+            n = min(size, limit)
+            cost = self.predict_s(n)
+            if cost is None or cost > allowance_s:
+                break
+            best = n
+            if size >= limit:
+                break
+        return best
+
+
+class OnlineQueue:
+    def __init__(self, capacity: int, slo_s: float):
+        self.capacity = capacity
+        self.slo_s = slo_s
+        self._queue: deque[float] = deque()
+        self.offered = 0
+        self.shed_overflow = 0
+        self.shed_expired = 0
+        self.shed_paused = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def offer(self, arrival_s: float) -> bool:
+        self.offered += 1
+        if len(self._queue) >= self.capacity:
+            self.shed_overflow += 1
+            return False
+        self._queue.append(arrival_s)
+        return True
+
+    def drop_expired(self, now_s: float) -> None:
+        while self._queue and now_s - self._queue[0] > self.slo_s:
+            self._queue.popleft()
+            self.shed_expired += 1
+
+    def clear(self) -> None:
+        self.shed_paused += len(self._queue)
+        self._queue.clear()
+
+    def take(self, n: int) -> list[float]:
+        return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
+
+class PoissonArrivals:
+    """A seeded Poisson arrival process at `rate_per_s`, released as wall time passes it; nothing
+    arrives before `begin(start_s)`."""
+
+    def __init__(self, rate_per_s: float, seed: int = 0):
+        if rate_per_s <= 0:
+            raise ValueError("rate_per_s must be > 0")
+        self.rate_per_s = rate_per_s
+        self._rng = np.random.default_rng(seed)
+        self._next_s = float("inf")
+
+    def begin(self, start_s: float) -> None:
+        self._next_s = start_s + self._gap()
+
+    def _gap(self) -> float:
+        return float(self._rng.exponential(1.0 / self.rate_per_s))
+
+    def due(self, now_s: float) -> list[float]:
+        out = []
+        while self._next_s <= now_s:
+            out.append(self._next_s)
+            self._next_s += self._gap()
+        return out
+
+
+class Scheduler:
+    """Chooses the next chunk for an allowance; thread-safe across lanes."""
+
+    def __init__(self, queue: OnlineQueue, arrivals: PoissonArrivals | None, costs: CostModel,
+                 dataset_size: int):
+        self.queue = queue
+        self.arrivals = arrivals
+        self.costs = costs
+        self.dataset_size = dataset_size
+        self._offline_cursor = 0
+        self._lock = threading.Lock()
+        self.online_served = 0
+        self.offline_samples = 0
+        self.latencies: deque[tuple[float, float]] = deque(maxlen=200_000)  # (completed_s, latency_s)
+
+    def admit_arrivals(self, now_s: float) -> None:
+        if self.arrivals is not None:
+            for arrival_s in self.arrivals.due(now_s):
+                self.queue.offer(arrival_s)
+
+    def pick(self, allowance_s: float, now_s: float) -> Chunk | None:
+        with self._lock:
+            self.admit_arrivals(now_s)
+            self.queue.drop_expired(now_s)
+            max_batch = self.costs.batch_sizes[-1]
+            if len(self.queue):
+                n = self.costs.largest_fitting(allowance_s, min(len(self.queue), max_batch))
+                if n == 0:
+                    return None  # online first: offline does not jump a waiting request
+                return Chunk("online", n, self.costs.predict_s(n), now_s,
+                             arrivals_s=self.queue.take(n))
+            n = self.costs.largest_fitting(allowance_s, max_batch)
+            if n == 0:
+                return None
+            start = self._offline_cursor
+            self._offline_cursor = (start + n) % self.dataset_size
+            return Chunk("offline", n, self.costs.predict_s(n), now_s, offline_start=start)
+
+    def shed_queued(self) -> None:
+        with self._lock:
+            self.queue.clear()
+
+    def complete(self, chunk: Chunk, end_s: float, busy_s: float) -> None:
+        with self._lock:
+            self.costs.update(chunk.batch, busy_s)
+            if chunk.kind == "online":
+                self.online_served += chunk.batch
+                self.latencies.extend((end_s, end_s - a) for a in chunk.arrivals_s)
+            else:
+                self.offline_samples += chunk.batch
+
+    def latency_percentiles(self, since_s: float = float("-inf")) -> dict[str, float | None]:
+        with self._lock:
+            values = [lat for end, lat in self.latencies if end >= since_s]
+        if not values:
+            return {"p50_s": None, "p95_s": None, "p99_s": None}
+        p50, p95, p99 = np.percentile(values, [50, 95, 99])
+        return {"p50_s": float(p50), "p95_s": float(p95), "p99_s": float(p99)}
