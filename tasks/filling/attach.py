@@ -125,3 +125,42 @@ def build_worker_filler(config: FillConfig | dict):
     filler = assemble(config, "gated")
     filler.calibrate()
     return filler.start()
+
+
+class ReportingFiller:
+    """A worker's filler that also leaves its metrics in a JSON file (atomically, every
+    `every_s` and at close), where the orchestrator's report sums them."""
+
+    def __init__(self, filler, path, every_s: float = 2.0):
+        import time
+
+        self.filler, self.path, self.every_s = filler, path, every_s
+        self._clock = time.monotonic
+        self._last_s = self._clock()
+
+    def compute_start(self, step: int) -> None:
+        self.filler.compute_start(step)
+
+    def compute_end(self, step: int) -> None:
+        self.filler.compute_end(step)
+
+    def comm_start(self, step: int) -> None:
+        self.filler.comm_start(step)
+
+    def comm_end(self, step: int) -> None:
+        self.filler.comm_end(step)
+        if self._clock() - self._last_s >= self.every_s:
+            self.write()
+
+    def metrics(self) -> dict:
+        return self.filler.metrics()
+
+    def write(self) -> None:
+        from tasks.atomic import atomic_write_json
+
+        self._last_s = self._clock()
+        atomic_write_json(self.path, self.filler.metrics())
+
+    def close(self) -> None:
+        self.filler.close()
+        self.write()

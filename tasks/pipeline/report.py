@@ -23,8 +23,9 @@ def inference_harvested(run_dir: Path) -> dict:
             continue
         totals["workers"] += 1
         totals["offline_samples"] += int(m.get("offline_samples", 0))
-        totals["online_requests"] += int(m.get("online_completed", 0))
-        totals["online_shed"] += int(m.get("online_shed", 0))
+        totals["online_requests"] += int(m.get("online_served", 0))
+        totals["online_shed"] += sum(int(m.get(k, 0)) for k in ("online_shed_overflow", "online_shed_expired",
+                                                                  "online_shed_paused"))
     return totals
 
 

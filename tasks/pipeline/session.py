@@ -175,7 +175,8 @@ class TrainingSession:
         f = self.request.filling
         if not f.enabled:
             return ()
-        return ("--fill", "--fill-online-rate", repr(f.online_rate_per_s), "--fill-online-slo-s", repr(f.online_slo_s))
+        return ("--fill", "--fill-online-rate", repr(f.online_rate_per_s), "--fill-online-slo-s", repr(f.online_slo_s),
+                "--fill-metrics-dir", str(self.run_dir / "filling"))
 
     def running_workers(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -231,9 +231,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
     p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
     p.add_argument("--max-steps", type=positive_int, default=None)
+    p.add_argument("--fill", action="store_true", help="fill communication bubbles with inference (docs/filling.md)")
+    p.add_argument("--fill-online-rate", type=float, default=10.0, help="online inference requests per second")
+    p.add_argument("--fill-online-slo-s", type=positive_float, default=0.25, help="online latency SLO")
+    p.add_argument("--fill-metrics-dir", type=Path, default=os.environ.get("SPOTFILL_FILL_METRICS_DIR") or None,
+                   help="where to leave this worker's filling metrics (<dir>/<instance id>.json)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="leave when this process is gone (the local provider sets it to the orchestrator)")
     return p
+
+
+def build_filler(args: argparse.Namespace, device: str):
+    """The inference filler the worker's loop feeds its phase edges to, when --fill is given."""
+    if not args.fill:
+        return None
+    from tasks.filling.attach import ReportingFiller, build_worker_filler
+
+    filler = build_worker_filler({"device": "cuda" if device == "cuda" else "cpu",
+                                  "online_rate_per_s": args.fill_online_rate, "slo_s": args.fill_online_slo_s})
+    metrics_dir = args.fill_metrics_dir or (args.notice_file.parent.parent / "filling" if args.notice_file else None)
+    if metrics_dir is None:
+        return filler
+    return ReportingFiller(filler, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
-        result = run_worker(config, leave_flag=leave_flag)
+        filler = build_filler(args, device)
+        try:
+            result = run_worker(config, listener=filler, leave_flag=leave_flag)
+        finally:
+            if filler is not None:
+                filler.close()
     except UserInputError as err:
         sys.stderr.write(f"spotfill worker: error: {err}\n")
         return 2
