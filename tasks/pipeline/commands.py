@@ -8,15 +8,16 @@ import json
 from tasks import cli_args
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset,
-# with the first revocation of a real Bamboo trace (41093 s in) replayed about 7 s after launch.
+# with a real Bamboo p2 trace replayed 25x faster: its drops at 212 s (9 -> 2 instances) and 299 s
+# (2 -> 0) revoke the run's worker about 12 s after launch.
 DEMO = {
     "workload": "transformer-lm",
     "workload_options": {"seq_len": 16},
     "candidates": ["p3.2xlarge", "g3.8xlarge"],
     "target_loss": 1.7,
     "deadline_s": 60.0,
-    "trace": "bamboo_aws-spot-instances-p2-xlarge-us-east-1e-2020-11-23-1700-to-2020-11-24-0700.csv",
-    "time_scale": 6000.0,
+    "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
+    "time_scale": 25.0,
 }
 
 
