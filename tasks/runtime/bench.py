@@ -158,6 +158,7 @@ def run_bench(quick: bool) -> dict:
     runs = artifacts / stamp
     plain_step_s, runtime_step_s = overhead(runs, rounds=8 if quick else 20, steps=3)
     plain, runtime = OVERHEAD_BATCH / statistics.median(plain_step_s), OVERHEAD_BATCH / statistics.median(runtime_step_s)
+    updates = [r for r in read_records(runs / "overhead") if r["kind"] == "update" and r["comm_s"] is not None]
     counts = [1, 2, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
     by_workers, param_mb = throughput_by_workers(runs, counts, window_s=3.0 if quick else 10.0)
     result = {
@@ -165,6 +166,10 @@ def run_bench(quick: bool) -> dict:
         "overhead_ratio_of_totals": sum(plain_step_s) / sum(runtime_step_s),
         "overhead_ratio_of_fastest": min(plain_step_s) / min(runtime_step_s),  # timeit's rule
         "overhead_steps_each": len(plain_step_s),
+        # where a runtime step goes (worker telemetry) against a plain step, medians in seconds
+        "plain_step_s_median": statistics.median(plain_step_s),
+        "runtime_compute_s_median": statistics.median(r["compute_s"] for r in updates),
+        "runtime_comm_s_median": statistics.median(r["comm_s"] for r in updates),
         "plain_samples_per_s": plain,
         "runtime_one_worker_samples_per_s": runtime,
         "overhead_workload": f"{OVERHEAD_WORKLOAD} width {OVERHEAD_OPTIONS['width']}, batch {OVERHEAD_BATCH}",
@@ -188,6 +193,8 @@ def format_table(result: dict) -> str:
         f"samples/s / plain loop {result['plain_samples_per_s']:.1f} = {result['overhead_ratio']:.3f} "
         f"(median step times, {result['overhead_steps_each']} steps each; of total times "
         f"{result['overhead_ratio_of_totals']:.3f}; of the fastest steps {result['overhead_ratio_of_fastest']:.3f})",
+        f"  median seconds: plain step {result['plain_step_s_median']:.4f}; runtime compute "
+        f"{result['runtime_compute_s_median']:.4f} + push/pull {result['runtime_comm_s_median']:.4f}",
         f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
         f"PS cap {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):",
         "  workers  samples/s",
