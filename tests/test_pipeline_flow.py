@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
-PROFILE = str(REPO / "tests" / "data" / "local-resnet20-profile.json")
-TYPES = ["p3.2xlarge", "g4dn.4xlarge", "g3.8xlarge"]
+PROFILE = str(REPO / "profiles" / "transformer-lm-local-quick.json")
+TYPES = ["p3.2xlarge", "g3.8xlarge"]
 
 
 def alive_pids(artifacts: Path) -> list[int]:
@@ -32,11 +32,11 @@ def request(tmp_path, **patch):
     from tasks.pipeline.params import TrainRequest
 
     base = {
-        "workload": "resnet20", "workload_options": {"width": 4},
-        "slo": {"target_loss": 1.3, "deadline_s": 240}, "profile": PROFILE,
-        "candidates": {"types": TYPES, "quotas": {"p3.2xlarge": 1, "g4dn.4xlarge": 2, "g3.8xlarge": 2}},
-        "provider": {"name": "local", "revocations": {"inject_at_s": [10.0], "notice_s": 1.0}},
-        "filling": {"enabled": False}, "overhead_s": 8.0, "artifacts_dir": str(tmp_path),
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+        "slo": {"target_loss": 1.7, "deadline_s": 240}, "profile": PROFILE,
+        "candidates": {"types": TYPES, "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2}},
+        "provider": {"name": "local", "revocations": {"inject_at_s": [6.0], "notice_s": 1.0}},
+        "overhead_s": 5.0, "artifacts_dir": str(tmp_path),
     }
     return TrainRequest.model_validate(base | patch)
 
@@ -54,6 +54,7 @@ def test_flow_survives_a_revocation_and_meets_its_slo(prefect_harness, tmp_path)
     for name in ("summary.json", "report.md", "timeline.png"):
         assert (run_dir / name).stat().st_size > 0
     assert summary["stage_seconds"]["train"] > 0 and summary["orchestration_overhead_s"] >= 0
+    assert summary["inference"]["workers"] >= 1 and summary["inference"]["offline_samples"] > 0
     assert alive_pids(tmp_path) == []
 
 
@@ -79,7 +80,7 @@ def test_interrupted_run_leaves_no_process(tmp_path):
     env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", "run", "--profile", PROFILE, "--types", ",".join(TYPES),
-         "--loss", "0.6", "--deadline", "600", "--trace", "", "--no-filling", "--artifacts", str(tmp_path)],
+         "--loss", "1.5", "--deadline", "600", "--trace", "", "--no-filling", "--artifacts", str(tmp_path)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240

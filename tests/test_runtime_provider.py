@@ -19,7 +19,7 @@ from tasks.providers.local import LocalProvider, _proc_start_ticks, default_type
 REPO = Path(__file__).resolve().parents[1]
 SLEEPER = Startup(("python", "-c", "import time; time.sleep(120)"))
 GROUP = Startup(("bash", "-c", "sleep 120 & sleep 120 & wait"))
-TRACE = REPO / "tests" / "data" / "traces" / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv"
+TRACE = REPO / "profiles" / "traces" / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv"
 
 
 @pytest.fixture()

@@ -17,7 +17,7 @@ from tasks.runtime.shaping import Shaper, TokenBucket
 from tasks.runtime.telemetry import TelemetryReader, TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
 
-TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "profiles" / "traces"
 
 
 def _train(spec, options, batch_size, steps):

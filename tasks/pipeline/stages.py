@@ -142,11 +142,14 @@ def clusters_cache_key(context, parameters: dict) -> str:
 
 def fit_and_save(request: TrainRequest, measurements: list, clusters: list, run_dir: Path) -> Profile:
     from tasks.profiling.fit import fit_profile
-    from tasks.profiling.store import RawMeasurements, save_profile
+    from tasks.profiling.store import RawMeasurements, provenance, save_profile
 
     quotas = {t: request.candidates.quota(t) for t in request.candidates.types}
     fitted = fit_profile(request.workload, measurements, clusters, quotas=quotas)
-    save_profile(fitted, RawMeasurements(measurements, clusters), directory=run_dir / "profile")
+    wall = {f"type:{m.type}": m.wall_s for m in measurements} | {"clusters_total": max(c.wall_s for c in clusters)}
+    info = provenance(request.provider.name, list(request.candidates.types), request.workload_options,
+                      {"preset": request.profiling}, wall)
+    save_profile(fitted, RawMeasurements(measurements, clusters), directory=run_dir / "profile", provenance_info=info)
     return fitted.profile
 
 

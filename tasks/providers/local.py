@@ -21,7 +21,7 @@ real trace (tasks.providers.traces), time-scaled: at every drop of the trace's l
 same fraction of the run's running spot workers get a notice.
 
 Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
-speeds) with GPU and network facts from profiles/local-instance-facts.json. Relative speed is a
+speeds) with GPU and network facts from the instance catalog (tasks/catalog.py). Relative speed is a
 type's samples per second (gpus * batch_per_gpu / compute_time_s) over the fastest type's.
 """
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -46,26 +45,23 @@ from tasks.providers.traces import load_trace, revocations
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
-FACTS = REPO / "profiles" / "local-instance-facts.json"
 TABLE = "instances.json"
-
-
-def _network_mbps(text: str) -> float:
-    """'Up to 25 Gigabit' -> 25000."""
-    m = re.search(r"([\d.]+)\s*Gigabit", text)
-    return float(m.group(1)) * 1000 if m else 1000.0
 
 
 def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceType], dict[str, float]]:
     """The shipped profile's instance types and their relative speeds."""
+    from tasks.catalog import load_catalog
+
     profile = json.loads(profile_path.read_text())
-    facts = {f["instance_type"]: f for f in json.loads(FACTS.read_text())["types"]}
+    facts = {t["type"]: t for t in load_catalog()["types"]}
     types, throughput = [], {}
     for p in profile["instances"]:
         f = facts.get(p["type"], {})
+        # The emulation shapes traffic in megabits/s; the catalog gives the NIC in MB/s.
+        nic_megabits_per_s = 8.0 * (f.get("network_mbps") or 125.0)
         types.append(InstanceType(
-            name=p["type"], gpus=p["gpus"], gpu_model=f.get("GPU_model", "unknown"),
-            gpu_memory_gb=float(f.get("GPU_memory", 0)), network_mbps=_network_mbps(f.get("network_performance", "")),
+            name=p["type"], gpus=p["gpus"], gpu_model=f.get("gpu_model") or "unknown",
+            gpu_memory_gb=float(f.get("gpu_memory_gb") or 0), network_mbps=nic_megabits_per_s,
             on_demand_usd_per_h=p["on_demand_price"], spot_usd_per_h=p["spot_price"],
         ))
         throughput[p["type"]] = p["gpus"] * p["batch_per_gpu"] / p["compute_time_s"]
