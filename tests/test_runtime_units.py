@@ -1,23 +1,20 @@
-"""Fast unit tests of the runtime's plain parts: workloads, checkpoints, shaping, telemetry, traces."""
+"""Fast unit tests of the runtime's plain parts: workloads, checkpoints, shaping, telemetry."""
 from __future__ import annotations
 
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from tasks.errors import UserInputError
-from tasks.providers.traces import load_trace, revocations
 from tasks.runtime import checkpoint
 from tasks.runtime.ps import ParameterServer, PsConfig
 from tasks.runtime.shaping import Shaper, TokenBucket
 from tasks.runtime.telemetry import TelemetryReader, TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
 
-TRACES = Path(__file__).resolve().parents[1] / "profiles" / "traces"
 
 
 def _train(spec, options, batch_size, steps):
@@ -181,26 +178,6 @@ def test_telemetry_reader_tails_and_resets_on_resume(tmp_path):
     TelemetryWriter(tmp_path).write("stop", reason="test")  # the next PS ends the torn line first
     p = reader.poll()
     assert (p.stopped, reader.torn_lines) == ("test", 1)
-
-
-def test_traces_parse_both_formats():
-    bamboo = load_trace(TRACES / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv")
-    assert bamboo[0] == (0.0, 0) and bamboo[1] == (21529.0, 4)
-    hours = load_trace(TRACES / "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv")
-    assert hours[-1][0] == pytest.approx(88.695 * 3600)
-    parcae = load_trace(TRACES / "parcae_p3trace.csv")
-    assert all(n >= 0 for _, n in parcae) and parcae[-1][0] == pytest.approx(40920.0)
-    drops = revocations(parcae)
-    assert drops and all(0 < f <= 1 for _, f in drops)
-    assert len(drops) == sum(1 for (_, a), (_, b) in zip(parcae, parcae[1:]) if b < a)
-    assert revocations([(0.0, 4), (5.0, 3), (9.0, 4), (12.0, 0)]) == [(5.0, 0.25), (12.0, 1.0)]
-
-
-def test_bad_trace_is_a_user_error(tmp_path):
-    bad = tmp_path / "t.csv"
-    bad.write_text("0,jump,node1\n")
-    with pytest.raises(UserInputError, match="neither Bamboo"):
-        load_trace(bad)
 
 
 def _dead_pid() -> int:

@@ -17,7 +17,7 @@ SPOTFILL_WATCH_PID is gone and stop by themselves.
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
 process group) if it has not left by then (`revoked` event). `replay_trace` does the same from a
-real trace (tasks.providers.traces), time-scaled: at every drop of the trace's live count, the
+real trace (tasks.market.traces), time-scaled: at every drop of the trace's live count, the
 same fraction of the run's running spot workers get a notice.
 
 Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
@@ -41,7 +41,6 @@ from tasks.errors import UserInputError
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Role, Startup,
 )
-from tasks.providers.traces import load_trace, revocations
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
@@ -317,7 +316,10 @@ class LocalProvider(Provider):
         took a fraction f of the trace's instances gives f of the run's running spot workers a
         notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
         4-worker run in proportion."""
-        drops = revocations(load_trace(trace_path))
+        from tasks.market.traces import load_trace
+
+        trace = load_trace(trace_path)
+        drops = list(zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()))
         start_s = time.monotonic()
 
         def replay() -> None:
