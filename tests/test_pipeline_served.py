@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO
+from tests.test_pipeline_flow import alive_pids
 
 pytestmark = pytest.mark.slow
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -101,6 +102,29 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         request = wait_until(lambda: (run_dir / "replan-request.json").exists() and
                              json.loads((run_dir / "replan-request.json").read_text()), 240, "the re-plan request")
         assert request == {"reason": "drift", "speed_ratio": 0.6}
+
+        # A run of the main deployment cancelled from the API: its instances are all gone.
+        deployment = next(d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
+                          if d["name"] == "train-with-slo")
+        runs_dir = tmp_path / "runs"
+        params = {"request": {
+            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+            "slo": {"target_loss": 1.5, "deadline_s": 600}, "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+            "artifacts_dir": str(runs_dir)}}
+        flow_run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": params},
+                              timeout=10).json()
+        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the cancelled run's instances")
+        r = httpx.post(f"{api}/flow_runs/{flow_run['id']}/set_state",
+                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
+        assert r.status_code in (200, 201), r.text
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        assert wait_until(lambda: state() in ("CANCELLED", "FAILED", "CRASHED") and state(), 120,
+                          "the run to be cancelled") == "CANCELLED"
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
     finally:
         stop(served)
         serve_log.close()

@@ -30,9 +30,11 @@ def solve_brute_force(problem: Problem, budgets_s: list[float] | None = None) ->
             ok = np.flatnonzero((r["time_s"] <= budget_s * (1 + COST_TIE_REL)) & (r["workers"] > 0))
             if not len(ok):
                 continue
-            i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost")]
+            i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
+                             counts[ok][:, problem.name_order])]
             cand = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
             cur = best[b]
-            if cur.counts is None or better(cand.cost, cand.time_s, cand.workers, cur.cost, cur.time_s, cur.workers):
+            if cur.counts is None or better(cand.cost, cand.time_s, cand.workers, cur.cost, cur.time_s, cur.workers,
+                                            problem.tie_key(cand.counts), problem.tie_key(cur.counts)):
                 best[b] = cand
     return best

@@ -41,13 +41,15 @@ class SearchStats:
     sizes_searched: int = 0
 
 
-def pick_best(cost: np.ndarray, time_s: np.ndarray, workers: np.ndarray, objective: Objective) -> int:
+def pick_best(cost: np.ndarray, time_s: np.ndarray, workers: np.ndarray, objective: Objective,
+              keys: np.ndarray) -> int:
     """Index of the best row: lowest objective, ties (relative COST_TIE_REL) broken by the other
-    measure, then by fewer workers."""
+    measure, then by fewer workers, then by the largest tie key (rows of `keys`)."""
     first, second = (cost, time_s) if objective == "cost" else (time_s, cost)
     idx = np.flatnonzero(first <= first.min() * (1 + COST_TIE_REL))
     idx = idx[second[idx] <= second[idx].min() * (1 + COST_TIE_REL)]
-    return int(idx[np.argmin(workers[idx])])
+    idx = idx[workers[idx] == workers[idx].min()]
+    return int(max(idx, key=lambda i: tuple(keys[i])))
 
 
 class BranchAndBound:
@@ -178,12 +180,14 @@ class BranchAndBound:
         ok = np.flatnonzero(r["time_s"] <= self.deadline_s * (1 + COST_TIE_REL))
         if not len(ok):
             return
-        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], self.objective)]
+        keys = counts[:, self.problem.name_order]
+        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], self.objective, keys[ok])]
         cand = (float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
         cur = (self.best.cost, self.best.time_s, self.best.workers)
         if self.objective == "time":
             cand, cur = (cand[1], cand[0], cand[2]), (cur[1], cur[0], cur[2])
-        if self.best.counts is None or better(*cand, *cur):
+        if self.best.counts is None or better(*cand, *cur, self.problem.tie_key(counts[i]),
+                                              self.problem.tie_key(self.best.counts)):
             self.best = Incumbent(counts[i].copy(), *(float(r[k][i]) for k in ("cost_usd", "time_s", "workers")))
 
 

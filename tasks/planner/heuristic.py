@@ -37,7 +37,8 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     """Returns the chosen cluster (or an empty Incumbent) and how many clusters were scored."""
     model = problem.model
     alone_s = model.iteration_times_s(np.array(1.0))
-    order = np.argsort(alone_s, kind="stable")
+    name_rank = np.argsort(problem.name_order)  # ties in speed are listed by name, not profile order
+    order = np.lexsort((name_rank, alone_s))
     free = problem.upper - problem.lower
     instances = np.repeat(order, free[order])  # type index of each available instance, fastest first
     existing = problem.lower
@@ -64,6 +65,7 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     r = problem.evaluate(counts)
     ok = np.flatnonzero(r["time_s"] <= problem.budget_s)
     if len(ok):
-        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost")]
+        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
+                         counts[ok][:, problem.name_order])]
         best = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
     return best, len(counts)

@@ -51,6 +51,15 @@ class Problem:
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
 
+    @property
+    def name_order(self) -> np.ndarray:
+        """Type indices in name order: plans tied on cost, time and size are told apart by name,
+        so the order of types in a profile never changes the answer."""
+        return np.argsort(np.array(self.model.types.names), kind="stable")
+
+    def tie_key(self, counts: np.ndarray) -> tuple[int, ...]:
+        return tuple(int(c) for c in np.asarray(counts)[self.name_order])
+
 
 @dataclass(frozen=True)
 class PlanResult:
@@ -151,8 +160,10 @@ def build_problem(req: PlanRequest) -> Problem:
     return Problem(req, model, lower, upper, budget_s)
 
 
-def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float) -> bool:
-    """Is plan a strictly better than plan b under model.md's order (cost, then time, then size)?"""
+def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
+           key_a: tuple = (), key_b: tuple = ()) -> bool:
+    """Is plan a strictly better than plan b under model.md's order (cost, then time, then size),
+    full ties going to the larger tie key (Problem.tie_key: alphabetically earlier types)?"""
     if cost_a < cost_b * (1 - COST_TIE_REL):
         return True
     if cost_b < cost_a * (1 - COST_TIE_REL):
@@ -161,7 +172,9 @@ def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: floa
         return True
     if time_b < time_a * (1 - COST_TIE_REL):
         return False
-    return n_a < n_b
+    if n_a != n_b:
+        return n_a < n_b
+    return key_a > key_b
 
 
 def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status: str, solve_s: float,
