@@ -70,14 +70,15 @@ def start_parameter_server(run_id: str) -> None:
 
 
 @task(name="launch-workers", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_on_spot_trouble)
-def launch_workers(run_id: str, plan_counts: dict[str, int], plan_id: str) -> dict[str, int]:
+def launch_workers(run_id: str, plan_id: str) -> dict[str, int]:
+    """Launch the latest plan. A short launch lowers that type's quota to what the market gave and
+    re-plans before raising, so the retry launches the new plan (under a new plan id: launches are
+    idempotent per plan id, and only the difference to what runs is started)."""
     session = SESSIONS[run_id]
     try:
-        return session.launch(plan_counts, plan_id)
+        return session.launch(session.plans[-1].plan, f"{plan_id}-{len(session.plans)}")
     except SpotCapacityError:
-        # The quota of the short type is now what the market gave: re-plan before the retry.
-        result = session.solve_or_fastest(session.plan_request(session.request.slo.deadline_s))
-        session.plans.append(result)
+        session.plans.append(session.solve_or_fastest(session.plan_request(session.request.slo.deadline_s)))
         raise
 
 
@@ -186,7 +187,7 @@ def train_with_slo(request: TrainRequest) -> dict:
             with transaction() as txn:
                 txn.set("run_id", run_id)
                 start_parameter_server(run_id)
-                launch_workers(run_id, chosen.plan, "p0")
+                launch_workers(run_id, "p0")
             stages.start_revocation_replay(session)
         with clock("train"):
             outcome = watch(run_id)

@@ -227,23 +227,30 @@ class TrainingSession:
         return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s())
 
     # ------------------------------------------------------------------ re-planning
-    def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset()) -> PlanResult:
+    def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset(),
+               attempts: int = 3) -> PlanResult:
         """Solve again with the survivors as existing instances, the remaining time and the loss
-        reached, then launch the takeover; training carries on meanwhile."""
+        reached, then launch the takeover; training carries on meanwhile. A takeover the market
+        cannot fill lowers that type's quota and is planned again (up to `attempts` times)."""
         self.replans += 1
-        survivors: dict[str, int] = {}
-        for inst in self.provider.describe(self.run_id):
-            if inst.role == "worker" and inst.state in ("pending", "running") and inst.instance_id not in leaving:
-                survivors[inst.type] = survivors.get(inst.type, 0) + 1
         remaining_s = self.request.slo.deadline_s - obs.t_s
         current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.target_loss else None
-        request = self.plan_request(max(remaining_s, 1e-3), existing=survivors, current_loss=current)
-        result = self.solve_or_fastest(request)
-        self.plans.append(result)
-        self.timeline.append(TimelineEntry(obs.t_s, "replan", {
-            "reason": reason, "survivors": survivors, "plan": result.plan,
-            "predicted_remaining_s": result.predicted_time_s, "solver": result.solver}))
-        self.launch(result.plan, plan_id=f"replan-{self.replans}")
+        for attempt in range(attempts):
+            survivors: dict[str, int] = {}
+            for inst in self.provider.describe(self.run_id):
+                if inst.role == "worker" and inst.state in ("pending", "running") and inst.instance_id not in leaving:
+                    survivors[inst.type] = survivors.get(inst.type, 0) + 1
+            result = self.solve_or_fastest(self.plan_request(max(remaining_s, 1e-3), existing=survivors,
+                                                             current_loss=current))
+            self.plans.append(result)
+            self.timeline.append(TimelineEntry(obs.t_s, "replan", {
+                "reason": reason, "survivors": survivors, "plan": result.plan,
+                "predicted_remaining_s": result.predicted_time_s, "solver": result.solver}))
+            try:
+                self.launch(result.plan, plan_id=f"replan-{self.replans}-{attempt}")
+                break
+            except SpotCapacityError:
+                continue
         self.drift.reset()
         return result
 
