@@ -68,3 +68,18 @@ def test_alternatives_include_the_baselines():
     assert all(r["predicted_cost_usd"] is None or r["predicted_cost_usd"] >= chosen * (1 - 1e-9) for r in rows)
     on_demand = next(r for r in rows if r["name"] == "all on-demand")
     assert on_demand["predicted_cost_usd"] > chosen
+
+
+def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    before = session.solve_or_fastest(session.plan_request(3000))
+    session.refit_for_drift(0.5)
+    assert [i.compute_time_s for i in session.profile.instances] == pytest.approx(
+        [2 * i.compute_time_s for i in profile.instances])
+    after = session.solve_or_fastest(session.plan_request(3000))
+    assert after.predicted_cost_usd > before.predicted_cost_usd

@@ -77,7 +77,6 @@ class TrainingSession:
         self.run = None  # tasks.runtime.driver.TrainingRun once launched
         self.ps_megabits_per_s = ps_megabits_per_s  # the local PS's emulated NIC (as profiled)
         self.started_s: float | None = None
-        self.plan: dict[str, int] = {}
         self.plans: list[PlanResult] = []
         self.alternatives: list[dict] = []  # the chosen plan beside the alternatives (alternatives.py)
         self.timeline: list[TimelineEntry] = []
@@ -88,7 +87,6 @@ class TrainingSession:
         self.initial_loss: float | None = None
         self.replans = 0
         self.revocations = 0
-        self.speed_correction = 1.0  # observed / predicted, learnt from drift
         self._hazards: dict[str, float] | None = None
         types = {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
@@ -168,7 +166,6 @@ class TrainingSession:
                 raise SpotCapacityError(result.unavailable)
         if self.started_s is None:
             self.started_s = time.time()
-        self.plan = dict(plan)
         return started
 
     def worker_args(self) -> tuple[str, ...]:
@@ -257,7 +254,6 @@ class TrainingSession:
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the
         profile's compute times so the model matches what is observed, then re-plan."""
-        self.speed_correction *= ratio
         data = self.profile.model_dump()
         for inst in data["instances"]:
             inst["compute_time_s"] = inst["compute_time_s"] / ratio
