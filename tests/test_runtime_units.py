@@ -16,23 +16,10 @@ from tasks.runtime.telemetry import TelemetryReader, TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
 
 
-
 def _train(spec, options, batch_size, steps):
     torch.set_num_threads(1)
-    w = build_workload(spec, options)
-    opt = w.make_optimizer(w.model.parameters())
-    for group in opt.param_groups:
-        group["lr"] = w.lr_for_batch(batch_size)
-    batches = w.batches(batch_size, 1)
-    losses = []
-    for _ in range(steps):
-        x, y = next(batches)
-        loss = w.loss_fn(w.model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    plain = build_workload(spec, options).plain_steps(batch_size)
+    return [next(plain) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("spec,options,batch,steps", [

@@ -66,11 +66,7 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], lis
     from tasks.runtime.workloads import build_workload
 
     torch.set_num_threads(1)
-    w = build_workload(OVERHEAD_WORKLOAD, OVERHEAD_OPTIONS)
-    optimizer = w.make_optimizer(w.model.parameters())
-    for group in optimizer.param_groups:
-        group["lr"] = w.lr_for_batch(OVERHEAD_BATCH)
-    batches = w.batches(OVERHEAD_BATCH, 1)
+    plain = build_workload(OVERHEAD_WORKLOAD, OVERHEAD_OPTIONS).plain_steps(OVERHEAD_BATCH)
     provider = LocalProvider(artifacts, bandwidth_scale=None)
     run = driver.start_run(provider, "overhead", OVERHEAD_WORKLOAD, workload_options=OVERHEAD_OPTIONS,
                            ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
@@ -81,11 +77,7 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], lis
         for _ in range(rounds):
             ends = []
             for _ in range(steps + 1):
-                inputs, targets = next(batches)
-                loss = w.loss_fn(w.model(inputs), targets)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                next(plain)
                 ends.append(time.monotonic())
             plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
             clock = _StepClock()

@@ -52,6 +52,21 @@ class Workload:
     def lr_for_batch(self, batch_size: int) -> float:
         return self.base_lr * batch_size / self.base_batch
 
+    def plain_steps(self, batch_size: int, seed: int = 1) -> Iterator[float]:
+        """Plain single-process training, one step per `next()`, yielding the loss: the baseline
+        the runtime's overhead is measured against, and the check that a workload learns."""
+        optimizer = self.make_optimizer(self.model.parameters())
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr_for_batch(batch_size)
+        batches = self.batches(batch_size, seed)
+        while True:
+            inputs, targets = next(batches)
+            loss = self.loss_fn(self.model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            yield loss.item()
+
 
 # ---------------------------------------------------------------- CIFAR-shaped ResNets
 
