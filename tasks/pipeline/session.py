@@ -211,17 +211,17 @@ class TrainingSession:
     def reached_target(self, obs: Observation) -> bool:
         return obs.loss is not None and obs.loss <= self.request.slo.target_loss
 
-    def predicted_updates_per_s(self) -> float:
-        """The model's iteration rate 1/Texp for the running cluster."""
-        model = Model.from_profile(self.profile)
-        workers = self.running_workers()
+    def predicted_updates_per_s(self, workers: dict[str, int]) -> float:
+        """The model's iteration rate 1/Texp = sum n_m / T_m(n) for a cluster."""
         if not workers:
             return 0.0
-        r = model.evaluate(model.counts_vector(workers), self.request.slo.target_loss)
-        return float(1.0 / r["iteration_time_s"][0])
+        model = Model.from_profile(self.profile)
+        counts = model.counts_vector(workers)
+        return float(counts @ (1.0 / model.iteration_times_s(np.array(float(counts.sum())))))
 
     def check_drift(self, obs: Observation) -> float | None:
-        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s())
+        """Drift against the cluster this poll saw (no second read of the instance table)."""
+        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers))
 
     # ------------------------------------------------------------------ re-planning
     def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset(),
