@@ -9,8 +9,8 @@ import pytest
 from tasks.model import Model
 from tasks.profiling.clusters import smoothed_losses, worker_observations
 from tasks.profiling.fit import (
-    LossSeries, cluster_shape, fit_contention, fit_loss_curve, fit_memory, fit_profile, loss_curve,
-    max_batch_per_gpu, worker_bandwidth_mbps,
+    LossSeries, cluster_shape, crossings, fit_contention, fit_loss_curve, fit_memory, fit_profile, loss_band,
+    loss_curve, max_batch_per_gpu, worker_bandwidth_mbps,
 )
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
@@ -108,6 +108,25 @@ def test_loss_curve_fit_errors_name_the_cause():
         fit_loss_curve(series[:1])
     with pytest.raises(ProfilingError, match="did not converge"):
         fit_loss_curve(series, max_nfev=2)
+
+
+def test_crossings_are_the_first_update_at_or_below_each_level():
+    points = [(1, 4.0), (2, 3.0), (3, 3.2), (4, 2.5), (5, 2.6), (6, 2.0)]
+    j, levels = crossings(points, 3.0, 2.0, levels=3)
+    assert list(levels) == [3.0, 2.5, 2.0] and list(j) == [2, 4, 6]  # a later rebound does not count
+    j, levels = crossings(points, 3.0, 1.0, levels=5)  # 1.5 and 1.0 never reached: left out
+    assert list(levels) == [3.0, 2.5, 2.0] and list(j) == [2, 4, 6]
+
+
+def test_loss_band_is_what_every_cluster_crossed_below_the_warm_up():
+    fast = [(j, 1.0 + 3.0 / j) for j in range(1, 301)]  # 4.0 falling to 1.01
+    slow = [(j, 1.5 + 2.5 / j) for j in range(1, 101)]  # 4.0 falling to 1.525
+    top, bottom = loss_band([fast, slow])
+    fall = 4.0 - fast[-1][1]
+    assert top == pytest.approx(fast[-1][1] + 0.35 * fall)
+    assert bottom == pytest.approx(slow[-1][1] + 0.03 * fall)  # above the slowest cluster's lowest loss
+    with pytest.raises(ProfilingError, match="share no loss band.*run the clusters longer"):
+        loss_band([fast, [(j, 3.9 - 0.001 * j) for j in range(1, 101)]])  # one never got past the warm-up
 
 
 def test_cluster_shape_agrees_with_the_planner_model(shipped_profile_path):

@@ -209,3 +209,20 @@ def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):
         thread.join(timeout=10)
     assert served["reason"] == "orchestrator_gone"
     assert (ps.version, ps.samples_total) == (3, 12)
+
+
+def _apply_stale(ps: ParameterServer, base_version: int) -> float:
+    """Apply one zero-gradient push computed on `base_version`; the learning rate the PS used."""
+    header = torch.tensor([1.0, 0, 8, 2.0, base_version, 0.1, 0.05, 0], dtype=torch.float64)
+    assert ps.apply(0, "t", header, torch.zeros(ps.flat_size), batch_size=8)
+    return json.loads((ps.config.run_dir / "telemetry.jsonl").read_text().splitlines()[-1])["lr"]
+
+
+@pytest.mark.parametrize("power", [0.0, 0.5, 1.0])
+def test_ps_damps_the_learning_rate_by_staleness(tmp_path, power):
+    ps = ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload="transformer-lm",
+                                  workload_options={"d_model": 16, "layers": 1}, staleness_lr_power=power))
+    base = ps.workload.lr_for_batch(8)
+    assert _apply_stale(ps, 0) == pytest.approx(base)  # fresh: staleness 0
+    ps.version = 10
+    assert _apply_stale(ps, 7) == pytest.approx(base / 4 ** power)  # computed 3 versions ago

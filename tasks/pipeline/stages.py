@@ -51,8 +51,8 @@ def profiling_preset(request: TrainRequest):
     fit_clusters = p.fit_clusters
     if not all(set(c) <= set(types) for c in fit_clusters):  # the preset's clusters use other types
         first, last = types[0], types[-1]
-        fit_clusters = ({first: 1, last: 1}, {first: 1, last: 3}, {first: 6, last: 1}) if first != last else (
-            {first: 2}, {first: 4}, {first: 7})
+        fit_clusters = ({first: 1, last: 1}, {first: 1, last: 3}, {first: 6, last: 1}, {first: 1}, {last: 1}) \
+            if first != last else ({first: 1}, {first: 2}, {first: 4}, {first: 7})
     return replace(p, workload=request.workload, workload_options=dict(request.workload_options), types=types,
                    fit_clusters=fit_clusters)
 

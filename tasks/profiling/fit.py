@@ -5,7 +5,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
 - contention (Eq. 8, 9): alpha1, beta1 from each cluster worker's communication time;
 - loss curve (Eq. 3): gamma1..gamma5 from the smoothed loss of each profiled cluster against its
   update count, with the cluster's WA batch size bw, convergence coefficient R and size n; the
-  residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve.
+  residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
+  each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
 """
@@ -22,7 +23,9 @@ from scipy.optimize import least_squares
 from tasks.profile import Profile, profile_from_dict
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement
 
-LOSS_POINTS_PER_CLUSTER = 200  # a loss series is thinned to this many points before fitting
+LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
+BAND_TOP = 0.35  # the band starts where the loss has covered 65% of its fall (above: the warm-up knee)
+BAND_MARGIN = 0.03  # ...and ends this share of the fall above the highest cluster's lowest loss
 LOCAL_PCIE_MBPS = 1e6  # the local provider does not emulate PCIe: its term is negligible
 
 
@@ -228,12 +231,35 @@ def _quality(name, names, result, x0, observed, predicted, residuals=None) -> Fi
     )
 
 
-def thin(points: Sequence[tuple[int, float]], keep: int = LOSS_POINTS_PER_CLUSTER) -> tuple[np.ndarray, np.ndarray]:
-    """At most `keep` evenly spaced (j, loss) points, the last one always kept."""
+def loss_band(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[float, float]:
+    """(top, bottom) of the loss levels the curve is fitted on: the band every profiled cluster
+    crossed, below the warm-up knee (which no hyperbola follows) and above the plateau of the
+    slowest cluster (where a 0.01 wobble of the loss moves the crossing by tens of updates).
+    Every cluster then weighs the same, whatever its length or speed."""
+    curves = [np.asarray(c, dtype=float).reshape(-1, 2) for c in curves]
+    if not curves or any(len(c) == 0 for c in curves):
+        raise ProfilingError("loss-curve fit: a profiled cluster has no losses")
+    first = float(np.median([c[0, 1] for c in curves]))
+    lowest = min(float(c[:, 1].min()) for c in curves)
+    fall = first - lowest
+    top = lowest + BAND_TOP * fall
+    bottom = max(float(c[:, 1].min()) for c in curves) + BAND_MARGIN * fall
+    if not (fall > 0 and bottom < top):
+        raise ProfilingError(f"loss-curve fit: the profiled clusters share no loss band below the warm-up "
+                             f"(slowest cluster's lowest loss {bottom - BAND_MARGIN * fall:.4g}, band top {top:.4g}); "
+                             "run the clusters longer")
+    return top, bottom
+
+
+def crossings(points: Sequence[tuple[int, float]], top: float, bottom: float,
+              levels: int = LOSS_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    """(j, level): the first update at which the smoothed loss was at or below each of `levels`
+    evenly spaced levels from `top` to `bottom` (the update count the PS stops on for a target)."""
     arr = np.asarray(points, dtype=float).reshape(-1, 2)
-    if len(arr) > keep:
-        arr = arr[np.unique(np.linspace(0, len(arr) - 1, keep).round().astype(int))]
-    return arr[:, 0], arr[:, 1]
+    grid = np.linspace(top, bottom, levels)
+    reached = arr[:, 1][None, :] <= grid[:, None]
+    crossed = reached.any(axis=1)
+    return arr[reached[crossed].argmax(axis=1), 0], grid[crossed]
 
 
 # ---------------------------------------------------------------- the whole profile
@@ -257,6 +283,7 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
     bps = bps_values.pop() / num_ps
 
     rows_n, rows_comm, rows_g, series = [], [], [], []
+    top, bottom = loss_band([c.losses for c in cluster_measurements])
     for c in cluster_measurements:
         unknown = set(c.cluster) - set(by_type)
         if unknown:
@@ -266,17 +293,8 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
             rows_comm.append(w.comm_time_s)
             rows_g.append(by_type[w.type].gpus)
         bw, cc = cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers])
-        j, losses = thin(c.losses)
-        series.append(LossSeries(bw, cc, c.n, j, losses))
-    # Each type alone is a one-worker cluster (R = 0): without these points nothing pins the curve
-    # at n = 1, and gamma4 can slide to its bound, predicting that one worker converges at once.
-    from tasks.profiling.clusters import loss_smoothing, smoothed_losses
-
-    for m in measurements:
-        alone = [{"version": i + 1, "loss": step["loss"]} for i, step in enumerate(m.steps)]
-        if len(alone) >= 2:
-            j, losses = thin(smoothed_losses(alone, loss_smoothing()))
-            series.append(LossSeries(float(m.gpus * m.batch_per_gpu), 0.0, 1, j, losses))
+        j, levels = crossings(c.losses, top, bottom)
+        series.append(LossSeries(bw, cc, c.n, j, levels))
     contention = fit_contention(rows_n, rows_comm, rows_g, param_mb=param_mb, breq_mbps=breq, bps_mbps=bps,
                                 pcie_mbps=pcie_bandwidth_mbps, max_nfev=max_nfev)
     loss = fit_loss_curve(series, max_nfev=max_nfev)

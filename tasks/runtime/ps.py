@@ -3,7 +3,11 @@ as it arrives (asynchronous SGD), and tracks per-worker staleness.
 
 One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
 applied exactly once and counted once. A worker's learning rate follows its batch size
-(Workload.lr_for_batch). The emulated network (shaping.Shaper) is applied here, where all traffic
+(Workload.lr_for_batch) and is damped by the update's staleness s: lr / (1 + s) ** staleness_lr_power
+(staleness-aware ASGD). With the default power 0.5 an n-worker cluster (s about n - 1) needs about
+sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
+assumes (shared/design/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
+loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md). The emulated network (shaping.Shaper) is applied here, where all traffic
 meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
@@ -54,6 +58,7 @@ class PsConfig:
     max_updates: int | None = None
     target_loss: float | None = None
     loss_smoothing: float = 0.1
+    staleness_lr_power: float = 0.5  # lr / (1 + staleness) ** this; 0: no damping
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
@@ -154,11 +159,11 @@ class ParameterServer:
                 p.grad = push[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
             wire.unflatten_into(push[offset:], self.tensors[len(self.params):])
-            lr = self.workload.lr_for_batch(batch_size)
+            staleness = self.version - int(base_version)
+            lr = self.workload.lr_for_batch(batch_size) / (1 + staleness) ** self.config.staleness_lr_power
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            staleness = self.version - int(base_version)
             self.version += 1
             self.updates_total += 1
             self.samples_total += int(samples)
@@ -291,7 +296,7 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks.cli import OneLineParser
-    from tasks.cli_args import positive_float, positive_int
+    from tasks.cli_args import nonnegative_float, positive_float, positive_int
 
     p = OneLineParser(prog="python -m tasks.runtime.ps", description="spotfill parameter server")
     p.add_argument("--run-dir", type=Path, required=True)
@@ -304,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-updates", type=positive_int, default=None)
     p.add_argument("--target-loss", type=positive_float, default=None)
     p.add_argument("--stop-grace-s", type=positive_float, default=10.0)
+    p.add_argument("--staleness-lr-power", type=nonnegative_float, default=PsConfig.staleness_lr_power,
+                   help="damp each update's learning rate by (1 + staleness) ** this (0: no damping)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
     return p
@@ -318,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid,
+            watch_pid=args.watch_pid, staleness_lr_power=args.staleness_lr_power,
         )
         server = ParameterServer(config)
         server.resume()
