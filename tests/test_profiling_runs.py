@@ -53,3 +53,21 @@ def test_a_diverging_run_is_a_clear_error_and_writes_no_profile(provider, tmp_pa
         profile_workload(provider, emulation, preset, directory=tmp_path / "profiles", run_id="diverge")
     assert not (tmp_path / "profiles").exists() or not any((tmp_path / "profiles").rglob("*"))
     _assert_nothing_left(provider)
+
+
+def test_validation_repeats_a_configuration_and_scores_the_mean(provider):
+    from tasks.profile import load_profile
+    from tasks.profiling.validate import validate_profile
+
+    shipped = load_profile("profiles/transformer-lm-local-quick.json")
+    profile = shipped.model_copy(update={"workload": "transformer-lm"})
+    report = validate_profile(provider, profile, "transformer-lm", [{"p3.2xlarge": 1}], 3.5, run_id="val",
+                              workload_options=OPTIONS, ps_megabits_per_s=1000.0, repeats=2)
+    (result,) = report.configs
+    assert len(result.runs) == 2 and all(r.observed_iterations >= 1 for r in result.runs)
+    assert result.observed_iterations == pytest.approx(sum(r.observed_iterations for r in result.runs) / 2)
+    assert result.observed_time_s == pytest.approx(sum(r.observed_time_s for r in result.runs) / 2)
+    assert result.time_error == pytest.approx(abs(result.predicted_time_s - result.observed_time_s) / result.observed_time_s)
+    _assert_nothing_left(provider)
+    with pytest.raises(ProfilingError, match="repeats must be at least 1"):
+        validate_profile(provider, profile, "transformer-lm", [{"p3.2xlarge": 1}], 3.5, repeats=0)

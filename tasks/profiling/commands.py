@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tasks.cli_args import positive_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure a workload's model parameters on the local provider and fit them")
@@ -17,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="profile to validate (default: the preset's cached profile, profiled first if missing)")
     v.add_argument("--loss", type=float, default=None, help="loss target (default: the preset's)")
     v.add_argument("--parallel", type=int, default=None, help="validation runs at once (default: the preset's)")
+    v.add_argument("--repeats", type=positive_int, default=None,
+                   help="runs per configuration, observed = their mean (default: the preset's)")
     v.set_defaults(handler=_runtime_errors_in_one_line(_validate))
 
 
@@ -107,7 +111,7 @@ def _validate(args) -> int:
     report = validate_profile(
         provider, profile, preset.workload, list(preset.validation_configs), loss,
         workload_options=preset.workload_options, ps_megabits_per_s=emulation["ps_megabits_per_s"],
-        parallel=args.parallel or preset.parallel, fitted_clusters=list(preset.fit_clusters),
+        parallel=args.parallel or preset.parallel, repeats=args.repeats or preset.repeats, fitted_clusters=list(preset.fit_clusters),
         plot_path=args.artifacts_dir / f"validation-{preset.name}.png",
     )
     result = {"profile": str(path), **report.model_dump(), "total_wall_s": time.monotonic() - started_s}
@@ -119,7 +123,7 @@ def _validate(args) -> int:
     for r in report.configs:
         label = ",".join(f"{t}={n}" for t, n in r.cluster.items())
         print(f"{label:<34} {r.predicted_time_s:8.1f} {r.observed_time_s:8.1f} {r.time_error:6.1%} "
-              f"{r.predicted_iterations:8.0f} {r.observed_iterations:7d} {r.iterations_error:6.1%} "
+              f"{r.predicted_iterations:8.0f} {r.observed_iterations:7.1f} {r.iterations_error:6.1%} "
               f"{r.baseline_time_s:8.1f} {r.baseline_time_error:6.1%}")
     print(f"median time error {report.median_time_error:.1%} (max {report.max_time_error:.1%}); "
           f"median iterations error {report.median_iterations_error:.1%}; contention-blind median "

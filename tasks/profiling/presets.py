@@ -30,6 +30,7 @@ class Preset:
     validation_configs: tuple[dict, ...]
     loss_target: float
     parallel: int = 1  # validation runs at once (1: no run disturbs another's timing)
+    repeats: int = 2  # validation runs per configuration (observed = their mean; validate.py)
     settings: dict = field(default_factory=dict)
 
     def emulation(self, param_mb: float, nic_megabits_per_s: float) -> dict:

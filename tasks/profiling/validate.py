@@ -14,6 +14,11 @@ provider's overhead, reported separately (start_skew_s), not the model's to pred
 The error is split in two: `speed_time_error` replays the OBSERVED iterations on the predicted
 iteration times (the speed and contention model alone); `time_error` uses the predicted iterations
 (speed and loss-curve model together).
+
+The model predicts the expected time; one run lands a few percent off it (async update order, data
+sampling: about 2-6% in iterations at the presets' target). With `repeats` > 1 each configuration
+trains that many times, one run after another; the observed and predicted values are the means over
+its runs, and every run's own numbers are kept (`runs`), so the spread is visible.
 """
 from __future__ import annotations
 
@@ -34,13 +39,27 @@ from tasks.providers.base import Provider
 UNLIMITED_MBPS = 1e12
 
 
+class RunObservation(BaseModel):
+    """One training run of a configuration to the target, and the predictions on its start schedule."""
+
+    observed_time_s: float
+    observed_iterations: int
+    predicted_time_s: float
+    baseline_time_s: float
+    speed_time_s: float  # the observed iterations on the predicted iteration times
+    baseline_speed_time_s: float
+    observed_iteration_time_s: float
+    start_skew_s: float
+    wall_s: float
+
+
 class ConfigResult(BaseModel):
     cluster: dict[str, int]
     predicted_time_s: float
     observed_time_s: float
     time_error: float
     predicted_iterations: float
-    observed_iterations: int
+    observed_iterations: float  # mean over the runs
     iterations_error: float
     predicted_iteration_time_s: float  # Texp of the model
     observed_iteration_time_s: float  # steady: seconds per update once every worker was in
@@ -50,8 +69,9 @@ class ConfigResult(BaseModel):
     # the speed model alone: the observed iterations on the predicted iteration times
     speed_time_error: float
     baseline_speed_time_error: float
-    start_skew_s: float  # last worker's first update - first update
+    start_skew_s: float  # last worker's first update - first update (the largest over the runs)
     wall_s: float
+    runs: list[RunObservation]
 
 
 class ValidationReport(BaseModel):
@@ -93,17 +113,13 @@ def _relative(predicted: float, observed: float) -> float:
     return abs(predicted - observed) / observed
 
 
-def run_config(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
-               loss_target: float, *, workload_options: dict | None = None, ps_megabits_per_s: float | None = None,
-               timeout_s: float = 600.0) -> ConfigResult:
+def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
+             loss_target: float, predicted_iterations: float, *, workload_options: dict | None = None,
+             ps_megabits_per_s: float | None = None, timeout_s: float = 600.0) -> RunObservation:
+    """Train `cluster` once until the PS's smoothed loss reaches `loss_target`."""
     from tasks.runtime.driver import add_workers, start_run, stop_run
 
     model, blind = Model.from_profile(profile), contention_blind(profile)
-    counts = model.counts_vector(cluster)
-    predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
-    if not np.isfinite(predicted["iterations"]):
-        raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
-                             f"(gamma5 = {profile.loss.gamma5:.4g})")
     started_s = time.monotonic()
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
                     ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
@@ -126,6 +142,9 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
         first_by_worker.setdefault(u["worker"], u["t"] - first_t)
         type_by_worker[u["worker"]] = u["instance_type"]
     workers = sorted(first_by_worker)
+    if len(workers) != sum(cluster.values()):
+        raise ProfilingError(f"{where}: only {len(workers)} of {sum(cluster.values())} workers trained "
+                             "before the target was reached; use a lower loss target")
     offsets = [first_by_worker[w] for w in workers]
     names = list(model.types.names)
 
@@ -133,36 +152,60 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
         t_i = m.iteration_times_s(np.array(float(len(workers))))
         return time_on_schedule(iterations, offsets, [float(t_i[names.index(type_by_worker[w])]) for w in workers])
 
-    observed_time_s = updates[-1]["t"] - first_t
-    predicted_time_s = scheduled(model, predicted["iterations"])
-    blind_iterations = float(blind.evaluate(counts, loss_target)["iterations"][0])
-    baseline_time_s = scheduled(blind, blind_iterations)
     skew_s = max(offsets)
     steady = [u for u in updates if u["t"] - first_t >= skew_s]
-    observed_texp = (steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1)
-    if len(workers) != sum(cluster.values()):
-        raise ProfilingError(f"{where}: only {len(workers)} of {sum(cluster.values())} workers trained "
-                             "before the target was reached; use a lower loss target")
+    blind_iterations = float(blind.evaluate(model.counts_vector(cluster), loss_target)["iterations"][0])
+    return RunObservation(
+        observed_time_s=updates[-1]["t"] - first_t, observed_iterations=len(updates),
+        predicted_time_s=scheduled(model, predicted_iterations),
+        baseline_time_s=scheduled(blind, blind_iterations),
+        speed_time_s=scheduled(model, len(updates)), baseline_speed_time_s=scheduled(blind, len(updates)),
+        observed_iteration_time_s=(steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1),
+        start_skew_s=skew_s, wall_s=time.monotonic() - started_s,
+    )
+
+
+def run_config(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
+               loss_target: float, *, repeats: int = 1, workload_options: dict | None = None,
+               ps_megabits_per_s: float | None = None, timeout_s: float = 600.0) -> ConfigResult:
+    """Train `cluster` to the target `repeats` times and score the means against the model."""
+    model = Model.from_profile(profile)
+    predicted = {k: float(v[0]) for k, v in model.evaluate(model.counts_vector(cluster), loss_target).items()}
+    if not np.isfinite(predicted["iterations"]):
+        raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
+                             f"(gamma5 = {profile.loss.gamma5:.4g})")
+    runs = [run_once(provider, f"{run_id}-r{k}", profile, workload, cluster, loss_target,
+                     predicted["iterations"], workload_options=workload_options,
+                     ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s) for k in range(repeats)]
+
+    def mean(field: str) -> float:
+        return statistics.fmean(getattr(r, field) for r in runs)
+
+    observed_time_s = mean("observed_time_s")
     return ConfigResult(
-        cluster=cluster, predicted_time_s=predicted_time_s, observed_time_s=observed_time_s,
-        time_error=_relative(predicted_time_s, observed_time_s), predicted_iterations=predicted["iterations"],
-        observed_iterations=len(updates), iterations_error=_relative(predicted["iterations"], len(updates)),
-        predicted_iteration_time_s=predicted["iteration_time_s"], observed_iteration_time_s=observed_texp,
-        predicted_steady_time_s=predicted["time_s"], baseline_time_s=baseline_time_s,
-        baseline_time_error=_relative(baseline_time_s, observed_time_s), start_skew_s=skew_s,
-        speed_time_error=_relative(scheduled(model, len(updates)), observed_time_s),
-        baseline_speed_time_error=_relative(scheduled(blind, len(updates)), observed_time_s),
-        wall_s=time.monotonic() - started_s,
+        cluster=cluster, predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
+        time_error=_relative(mean("predicted_time_s"), observed_time_s),
+        predicted_iterations=predicted["iterations"], observed_iterations=mean("observed_iterations"),
+        iterations_error=_relative(predicted["iterations"], mean("observed_iterations")),
+        predicted_iteration_time_s=predicted["iteration_time_s"],
+        observed_iteration_time_s=mean("observed_iteration_time_s"), predicted_steady_time_s=predicted["time_s"],
+        baseline_time_s=mean("baseline_time_s"), baseline_time_error=_relative(mean("baseline_time_s"), observed_time_s),
+        speed_time_error=_relative(mean("speed_time_s"), observed_time_s),
+        baseline_speed_time_error=_relative(mean("baseline_speed_time_s"), observed_time_s),
+        start_skew_s=max(r.start_skew_s for r in runs), wall_s=sum(r.wall_s for r in runs), runs=runs,
     )
 
 
 def validate_profile(provider: Provider, profile: Profile, workload: str, configs: list[dict[str, int]],
                      loss_target: float, *, run_id: str | None = None, workload_options: dict | None = None,
-                     ps_megabits_per_s: float | None = None, parallel: int = 1, timeout_s: float = 600.0,
-                     fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None) -> ValidationReport:
-    """Run every configuration to the loss target (`parallel` at a time) and score the model."""
+                     ps_megabits_per_s: float | None = None, parallel: int = 1, repeats: int = 1,
+                     timeout_s: float = 600.0, fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None) -> ValidationReport:
+    """Run every configuration to the loss target `repeats` times (`parallel` configurations at a
+    time) and score the model."""
     if not configs:
         raise ProfilingError("no validation configurations given")
+    if repeats < 1:
+        raise ProfilingError(f"repeats must be at least 1, got {repeats}")
     held_in = [c for c in configs if fitted_clusters and _same(c, fitted_clusters)]
     if held_in:
         raise ProfilingError(f"validation configuration {held_in[0]} was used for fitting; validate on held-out ones")
@@ -171,7 +214,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
 
     def one(k_cluster):
         k, cluster = k_cluster
-        return run_config(provider, f"{run_id}-v{k}", profile, workload, cluster, loss_target,
+        return run_config(provider, f"{run_id}-v{k}", profile, workload, cluster, loss_target, repeats=repeats,
                           workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s)
 
     with ThreadPoolExecutor(max(1, parallel)) as pool:
