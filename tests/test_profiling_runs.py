@@ -71,3 +71,24 @@ def test_validation_repeats_a_configuration_and_scores_the_mean(provider):
     _assert_nothing_left(provider)
     with pytest.raises(ProfilingError, match="repeats must be at least 1"):
         validate_profile(provider, profile, "transformer-lm", [{"p3.2xlarge": 1}], 3.5, repeats=0)
+
+
+def test_clusters_train_in_waves_and_all_are_measured(provider):
+    from tasks.profiling.clusters import profile_clusters
+
+    m = profile_type(provider, "alone", "transformer-lm", "p3.2xlarge", iterations=6, workload_options=OPTIONS,
+                     batch_per_gpu=4, ps_megabits_per_s=1000.0, memory_batches=(1, 2, 4))
+    clusters = [{"p3.2xlarge": 2}, {"p3.2xlarge": 1}]
+    measured = profile_clusters(provider, "waves", "transformer-lm", [m], clusters, duration_s=1.0,
+                                workload_options=OPTIONS, ps_megabits_per_s=1000.0, side_by_side=1)
+    assert [c.cluster for c in measured] == clusters and [c.n for c in measured] == [2, 1]
+    import json
+
+    def update_times(k):
+        lines = (provider.artifacts_dir / f"waves-c{k}" / "telemetry.jsonl").read_text().splitlines()
+        return [r["t"] for r in map(json.loads, lines) if r["kind"] == "update"]
+
+    assert update_times(0)[-1] < update_times(1)[0]  # one wave after the other
+    _assert_nothing_left(provider)
+    with pytest.raises(ProfilingError, match="side_by_side must be at least 1"):
+        profile_clusters(provider, "waves0", "transformer-lm", [m], clusters, side_by_side=0)

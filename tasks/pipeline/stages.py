@@ -52,7 +52,7 @@ def profiling_preset(request: TrainRequest):
     if not all(set(c) <= set(types) for c in fit_clusters):  # the preset's clusters use other types
         first, last = types[0], types[-1]
         fit_clusters = ({first: 1, last: 1}, {first: 1, last: 3}, {first: 6, last: 1}, {first: 1}, {last: 1}) \
-            if first != last else ({first: 1}, {first: 2}, {first: 4}, {first: 7})
+            if first != last else ({first: 2}, {first: 4}, {first: 7}, {first: 1})
     return replace(p, workload=request.workload, workload_options=dict(request.workload_options), types=types,
                    fit_clusters=fit_clusters)
 
@@ -117,7 +117,7 @@ def profile_clusters(request: TrainRequest, run_id: str, measurements: list):
     try:
         return measure(provider, f"{run_id}-clusters", request.workload, measurements, list(p.fit_clusters),
                        duration_s=p.cluster_duration_s, workload_options=request.workload_options,
-                       ps_megabits_per_s=emulation.get("ps_megabits_per_s"))
+                       ps_megabits_per_s=emulation.get("ps_megabits_per_s"), side_by_side=p.clusters_side_by_side)
     finally:
         provider.cleanup(f"{run_id}-clusters")
 

@@ -20,7 +20,7 @@ from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, pr
 def preset_settings(p: Preset, emulation: dict) -> dict:
     """What, besides the workload and types, decides the measurements (part of the cache key)."""
     return {"batch_per_gpu": p.batch_per_gpu, "iterations": p.iterations, "fit_clusters": list(p.fit_clusters),
-            "cluster_duration_s": p.cluster_duration_s, **emulation}
+            "cluster_duration_s": p.cluster_duration_s, "clusters_side_by_side": p.clusters_side_by_side, **emulation}
 
 
 def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = Path("profiles"),
@@ -45,7 +45,7 @@ def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = 
     types_wall_s = time.monotonic() - started_s
     clusters = profile_clusters(provider, f"{run_id}-clusters", p.workload, measurements, list(p.fit_clusters),
                                 duration_s=p.cluster_duration_s, workload_options=p.workload_options,
-                                ps_megabits_per_s=ps_megabits)
+                                ps_megabits_per_s=ps_megabits, side_by_side=p.clusters_side_by_side)
     wall = {"types_total": types_wall_s, **{f"type:{m.type}": m.wall_s for m in measurements},
             "clusters_total": clusters[0].wall_s if clusters else 0.0, "total": time.monotonic() - started_s}
     fitted = fit_profile(p.workload, measurements, clusters)
