@@ -262,6 +262,7 @@ def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the
     assert gate.reserve_s == pytest.approx(0.01 - 0.004, abs=1e-3)
     guard.calibrating = True  # re-measuring solo: offline waits, online is still served
     open_bubble(monitor, clock, 4)
+    assert gate.online_allowance_s() == pytest.approx(0.1)  # the bubble is not scaled by 0.5
     assert gate.start("offline", lambda a: "offline") is None
     assert gate.start("online", lambda a: "online") == "online"
 

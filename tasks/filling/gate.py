@@ -60,24 +60,26 @@ class Gate:
         self._lock = threading.Lock()
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
 
-    def _bubble_allowance_s(self) -> float:
+    def _bubble_allowance_s(self, budget: float) -> float:
         remaining_s = self.monitor.predicted_remaining_s()
-        return max(0.0, (self.guard.budget * remaining_s - self.margin_s) / (1 + self.margin))
+        return max(0.0, (budget * remaining_s - self.margin_s) / (1 + self.margin))
 
     def allowance_s(self) -> float:
         """Seconds an offline chunk may take now (0 when none may start)."""
         if self.guard.calibrating or self.in_flight >= self.max_in_flight:
             return 0.0
-        return self._bubble_allowance_s()
+        return self._bubble_allowance_s(self.guard.budget)
 
     def online_allowance_s(self) -> float:
         """Seconds an online chunk may take now: the bubble's allowance or the reserve, whichever
-        is larger."""
+        is larger. The guard's budget scales the reserve, not the bubble: a chunk that fits the
+        predicted remainder leaves the compute phase alone, and squeezing requests out of bubbles
+        would only make them wait for the next one."""
         now = self.monitor.clock()
         rate = self.online_reserve * self.guard.budget
         self.reserve_s = min(rate * RESERVE_SAVED_S, self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
-        return max(self._bubble_allowance_s(), self.reserve_s)
+        return max(self._bubble_allowance_s(1.0), self.reserve_s)
 
     def start(self, lane, pick):
         # Under the monitor's lock: the bubble cannot close between the check and the pick, so
