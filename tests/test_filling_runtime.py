@@ -83,11 +83,12 @@ def _inside(t: float, bubbles) -> bool:
     return any(b0 <= t <= b1 for b0, b1 in bubbles)
 
 
-def test_gated_filler_serves_inference_only_inside_bubbles(one_training_thread):
+def test_gated_filler_without_online_reserve_serves_inference_only_inside_bubbles(
+        one_training_thread):
     # tolerance is huge: this test is about where chunks run, not the guard (tested on its own),
     # and a loaded machine's jitter must not shrink the budget to nothing.
     config = FillConfig(online_rate_per_s=40.0, slo_s=1.0, max_batch=4, max_in_flight=2,
-                        calibration_steps=3, dataset_size=64, tolerance=100.0)
+                        calibration_steps=3, dataset_size=64, tolerance=100.0, online_reserve=0.0)
     filler = build_worker_filler(config)
     _train_with(filler, steps=20)
     m = filler.metrics()

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 
 from tasks.filling.baselines import OpenAdmission
-from tasks.filling.gate import Gate
+from tasks.filling.filler import Filler
+from tasks.filling.gate import RESERVE_SAVED_S, Gate
 from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, CostModel, OnlineQueue, PoissonArrivals, Scheduler
@@ -124,15 +126,15 @@ def test_gate_admits_only_what_fits_the_predicted_remainder_with_margin():
     monitor = BubbleMonitor(quantile=0.5, clock=clock)
     run_steps(monitor, clock, 0.05, [0.1] * 3)
     gate = Gate(monitor, calibrated_guard(), max_in_flight=4, margin=0.25)
-    assert gate.start(lambda a: "never") is None  # closed: training computes
+    assert gate.start("offline", lambda a: "never") is None  # closed: training computes
     open_bubble(monitor, clock, 3)
     seen = []
-    assert gate.start(lambda a: seen.append(a) or "chunk") == "chunk"
+    assert gate.start("offline", lambda a: seen.append(a) or "chunk") == "chunk"
     assert seen == [pytest.approx(0.1 / 1.25)]
     clock.now += 0.06
     assert gate.allowance_s() == pytest.approx(0.04 / 1.25)
     monitor.comm_end(3)
-    assert gate.start(lambda a: "late") is None  # training resumed: nothing new starts
+    assert gate.start("offline", lambda a: "late") is None  # training resumed: nothing new starts
 
 
 def test_gate_scales_the_allowance_by_the_guard_budget():
@@ -150,7 +152,7 @@ def test_gate_waits_for_the_guard_baseline():
     run_steps(monitor, clock, 0.05, [0.1] * 3)
     gate = Gate(monitor, StepTimeGuard(0.05, calibration_steps=10), max_in_flight=1, margin=0.0)
     open_bubble(monitor, clock, 3)
-    assert gate.start(lambda a: "chunk") is None
+    assert gate.start("offline", lambda a: "chunk") is None
 
 
 def test_gate_never_admits_outside_a_bubble_or_beyond_k_in_a_random_schedule():
@@ -175,7 +177,7 @@ def test_gate_never_admits_outside_a_bubble_or_beyond_k_in_a_random_schedule():
                 phase = "compute"
         elif action == "start":
             cost = rng.uniform(0.0, 0.01)
-            chunk = gate.start(lambda a: cost if cost <= a else None)
+            chunk = gate.start("offline", lambda a: cost if cost <= a else None)
             if chunk is not None:
                 admitted += 1
                 in_flight += 1
@@ -183,7 +185,7 @@ def test_gate_never_admits_outside_a_bubble_or_beyond_k_in_a_random_schedule():
                 assert in_flight <= k
                 assert cost * 1.1 <= monitor.predicted_remaining_s() + 1e-12
         elif action == "finish" and in_flight:
-            gate.finish(0.01)
+            gate.finish("offline", 0.0, 0.01)
             in_flight -= 1
         elif action == "tick":
             clock.now += rng.uniform(0, 0.02)
@@ -196,19 +198,142 @@ def test_gate_waits_for_the_next_bubble_after_nothing_fitted():
     run_steps(monitor, clock, 0.05, [0.1] * 3)
     gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0)
     open_bubble(monitor, clock, 3)
-    assert gate.start(lambda a: None) is None
+    assert gate.start("offline", lambda a: None) is None
     assert not gate._worth_trying()  # same bubble: do not spin
     monitor.comm_end(3)
     open_bubble(monitor, clock, 4)
     assert gate._worth_trying()
 
 
+def test_online_lane_runs_next_to_a_full_offline_lane_inside_a_bubble():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0, online_reserve=0.0)
+    open_bubble(monitor, clock, 3)
+    assert gate.start("offline", lambda a: "offline") == "offline"
+    assert gate.start("offline", lambda a: "second") is None  # K = 1 offline chunk in flight
+    seen = []
+    assert gate.start("online", lambda a: seen.append(a) or "online") == "online"
+    assert seen == [pytest.approx(0.1)]  # the request does not wait for the offline chunk
+    monitor.comm_end(3)
+    assert gate.start("online", lambda a: "late") is None  # no reserve: nothing outside bubbles
+
+
+def fits(cost_s: float):
+    """A scheduler's pick for one chunk of this cost: taken only if the allowance covers it."""
+    return lambda allowance_s: cost_s if cost_s <= allowance_s else None
+
+
+def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0, online_reserve=0.02)
+    monitor.compute_start(3)  # training computes: no bubble
+    clock.now += 0.5
+
+    assert gate.online_allowance_s() == pytest.approx(0.01)  # 0.02 s per s for 0.5 s
+    assert gate.start("online", fits(0.011)) is None  # never more than the reserve holds
+    t0 = clock.now
+    assert gate.start("online", fits(0.008)) == 0.008
+    clock.now += 0.008
+    gate.finish("online", t0, clock.now)  # ran outside a bubble: charged to the reserve
+    assert gate.reserve_s == pytest.approx(0.002)
+    assert gate.start("online", fits(0.008)) is None
+    clock.now += 10.0
+    assert gate.online_allowance_s() == pytest.approx(0.02 * RESERVE_SAVED_S)  # saved up, capped
+
+
+def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the_guard():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    guard = calibrated_guard(budget=0.5)
+    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+    clock.now += 1.0
+    assert gate.online_allowance_s() == pytest.approx(0.01)  # budget 0.5 halves the refill
+    open_bubble(monitor, clock, 3)
+    t0 = clock.now
+    clock.now += 0.08  # inside the bubble, then 0.004 s past its end
+    monitor.comm_end(3)
+    clock.now += 0.004
+    gate.finish("online", t0, clock.now)
+    assert gate.reserve_s == pytest.approx(0.01 - 0.004, abs=1e-3)
+    guard.calibrating = True  # re-measuring solo: offline waits, online is still served
+    open_bubble(monitor, clock, 4)
+    assert gate.online_allowance_s() == pytest.approx(0.1)  # the bubble is not scaled by 0.5
+    assert gate.start("offline", lambda a: "offline") is None
+    assert gate.start("online", lambda a: "online") == "online"
+
+
 def test_open_admission_ignores_bubbles_but_keeps_k():
     admission = OpenAdmission(max_in_flight=1)
-    assert admission.start(lambda a: a) == math.inf
-    assert admission.start(lambda a: a) is None
-    admission.finish(0.1)
-    assert admission.start(lambda a: "again") == "again"
+    assert admission.start("any", lambda a: a) == math.inf
+    assert admission.start("any", lambda a: a) is None
+    assert admission.start("online", lambda a: "own lane") == "own lane"  # naive_split
+    admission.finish("any", 0.0, 0.1)
+    assert admission.start("any", lambda a: "again") == "again"
+
+
+class SleepyExecutor:
+    """Offline chunks take `offline_s` of wall time, online ones none."""
+
+    def __init__(self, offline_s: float):
+        self.offline_s = offline_s
+
+    def lane_setup(self, lane: str) -> None:
+        pass
+
+    def run(self, chunk: Chunk) -> None:
+        if chunk.kind == "offline":
+            time.sleep(self.offline_s)
+
+
+class OneRequestAt:
+    """An arrival process with one request, `after_s` after begin()."""
+
+    def __init__(self, after_s: float):
+        self.at_s = after_s
+
+    def begin(self, start_s: float) -> None:
+        self.at_s += start_s
+
+    def next_s(self) -> float:
+        return self.at_s
+
+    def due(self, now_s: float) -> list[float]:
+        if now_s < self.at_s:
+            return []
+        arrival_s, self.at_s = self.at_s, math.inf
+        return [arrival_s]
+
+
+@pytest.mark.parametrize("policy", ["gated", "naive"])
+def test_a_request_overtakes_a_running_offline_chunk_only_with_its_own_lane(policy):
+    """Ordering, not speed: the request arrives while a long offline chunk runs; the gated filler's
+    online lane starts it before that chunk ends, the naive shared lane only after."""
+    monitor = BubbleMonitor()
+    monitor.slots[0].add(60.0)  # one long bubble, open throughout
+    guard = calibrated_guard()
+    sched = Scheduler(OnlineQueue(4, slo_s=60.0), OneRequestAt(0.3), costs_linear(), 100)
+    if policy == "gated":
+        admission, lanes = Gate(monitor, guard, max_in_flight=1, margin=0.0), ["online", "offline"]
+    else:
+        admission, lanes = OpenAdmission(max_in_flight=1), ["any"]
+    filler = Filler(monitor, guard, admission, sched, SleepyExecutor(offline_s=1.5), lanes)
+    monitor.comm_start(0)
+    filler.start()
+    try:
+        deadline = time.perf_counter() + 30
+        while sched.online_served == 0 and time.perf_counter() < deadline:
+            time.sleep(0.02)
+    finally:
+        filler.close()
+    log = list(filler.chunk_log)
+    online_start = next(start for _, start, _, kind, _ in log if kind == "online")
+    first_offline_end = min(end for _, _, end, kind, _ in log if kind == "offline")
+    assert (online_start < first_offline_end) == (policy == "gated")
 
 
 # -- guard ---------------------------------------------------------------------------------------
@@ -247,12 +372,42 @@ def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile(
     monitor = BubbleMonitor(quantile=0.5, clock=clock)
     run_steps(monitor, clock, 0.05, [0.1] * 3)
     open_bubble(monitor, clock, 3)
-    assert Gate(monitor, guard, max_in_flight=1, margin=0.0).start(lambda a: "chunk") is None
+    assert Gate(monitor, guard, max_in_flight=1, margin=0.0).start("offline", lambda a: "chunk") is None
     for s in (2.0, 2.0):  # the machine got slower for reasons of its own
         guard.observe_compute_s(s)
     assert guard.baseline_s == 2.0
     guard.observe_compute_s(2.0)
     assert guard.shrinks == 0 and guard.budget == 1.0  # not blamed on inference
+
+
+def test_guard_baseline_leaves_out_compute_phases_that_inference_touched():
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2)
+    guard.observe_compute_s(1.0)
+    guard.observe_compute_s(1.5, clean=False)  # an online chunk ran during it
+    assert guard.calibrating
+    guard.observe_compute_s(1.0)
+    assert not guard.calibrating and guard.baseline_s == 1.0
+
+
+def test_filler_marks_a_compute_phase_clean_only_if_no_chunk_ran_in_it():
+    clock = FakeClock()
+    monitor = BubbleMonitor(clock=clock)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=1)
+    seen = []
+    guard.observe_compute_s = lambda compute_s, clean: seen.append(clean)
+    filler = Filler(monitor, guard, OpenAdmission(1), Scheduler(OnlineQueue(1, 1.0), None,
+                                                                costs_linear(), 10), None, [])
+    filler.compute_start(0)
+    filler.compute_end(0)
+    filler.compute_start(1)
+    filler._busy_begin()  # a chunk starts during the compute phase
+    filler._busy_end()
+    filler.compute_end(1)
+    filler._busy_begin()  # one still running when the next compute phase starts
+    filler.compute_start(2)
+    filler.compute_end(2)
+    filler._busy_end()
+    assert seen == [True, False, False]
 
 
 def test_guard_judges_the_median_of_its_window():
@@ -309,6 +464,31 @@ def test_scheduler_does_not_let_offline_jump_a_waiting_request():
     queue.offer(0.0)
     assert sched.pick(0.001, now_s=0.0) is None
     assert len(queue) == 1
+
+
+def test_each_lane_takes_only_its_kind_of_work():
+    queue = OnlineQueue(capacity=10, slo_s=1.0)
+    sched = Scheduler(queue, None, costs_linear(), dataset_size=100)
+    queue.offer(0.0)
+    assert sched.pick(1.0, now_s=0.1, lane="offline").kind == "offline"  # the online lane serves it
+    assert len(queue) == 1
+    assert sched.pick(0.001, now_s=0.1, lane="online") is None  # its cost does not fit
+    chunk = sched.pick(1.0, now_s=0.1, lane="online")
+    assert chunk.kind == "online" and chunk.arrivals_s == [0.0]
+    assert sched.pick(1.0, now_s=0.1, lane="online") is None  # no request: no offline either
+
+
+def test_an_idle_online_lane_sleeps_until_the_next_arrival():
+    arrivals = PoissonArrivals(rate_per_s=5.0, seed=2)
+    arrivals.begin(0.0)
+    queue = OnlineQueue(capacity=10, slo_s=1.0)
+    sched = Scheduler(queue, arrivals, costs_linear(), dataset_size=100)
+    assert sched.idle_wait_s("online", 0.0, cap_s=100.0) == pytest.approx(arrivals.next_s())
+    assert sched.idle_wait_s("online", 0.0, cap_s=1e-4) == 1e-4
+    assert sched.idle_wait_s("offline", 0.0, cap_s=0.05) == 0.05
+    due_s = arrivals.next_s()  # the admission said no before pick: the lane must not spin
+    assert sched.idle_wait_s("online", due_s + 1e-6, cap_s=0.05) == 0.05  # woken by an edge
+    assert len(queue) == 1 and arrivals.next_s() > due_s
 
 
 def test_offline_cursor_wraps_over_the_dataset():

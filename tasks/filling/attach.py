@@ -15,7 +15,7 @@ from tasks.errors import UserInputError
 from tasks.phases import NoListener
 from tasks.profile import format_validation_error
 
-Policy = Literal["gated", "naive", "rate_limited"]
+Policy = Literal["gated", "naive", "naive_split", "rate_limited"]
 
 
 class FillConfig(BaseModel):
@@ -31,6 +31,8 @@ class FillConfig(BaseModel):
     max_in_flight: int = Field(1, ge=1, le=16)  # K
     margin: float = Field(0.25, ge=0)  # chunk cost * (1 + margin) must fit the predicted remainder
     margin_s: float = Field(0.0, ge=0)
+    # share of wall time online requests may run outside bubbles (scaled by the guard's budget)
+    online_reserve: float = Field(0.02, ge=0, le=1)
     tolerance: float = Field(0.02, gt=0)  # guard: allowed compute-time drift over solo
     calibration_steps: int = Field(5, ge=1)  # guard: compute phases per solo baseline
     rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
@@ -94,19 +96,25 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
     monitor = BubbleMonitor(slots=config.slots)
     guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
     if policy == "gated":
-        admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s)
-    elif policy == "naive":
+        admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s,
+                         config.online_reserve)
+    elif policy in ("naive", "naive_split"):
         admission = OpenAdmission(config.max_in_flight)
     else:
         admission = RateLimitedAdmission(guard, config.rate_limited_duty, burst_s=0.05,
                                          max_in_flight=config.max_in_flight)
     arrivals = (PoissonArrivals(config.online_rate_per_s, config.seed)
                 if config.online_rate_per_s > 0 else None)
+    if policy in ("gated", "naive_split"):
+        lanes = ["online"] * (arrivals is not None) + ["offline"] * config.max_in_flight
+    else:
+        lanes = ["any"] * config.max_in_flight
     scheduler = Scheduler(OnlineQueue(config.queue_capacity, config.slo_s), arrivals,
-                          CostModel(config.max_batch), config.dataset_size)
+                          CostModel(config.max_batch), config.dataset_size,
+                          online_costs=CostModel(config.max_batch))
     executor = (CudaExecutor(workload) if config.device == "cuda"
                 else CpuExecutor(workload, config.intra_op_threads))
-    return Filler(monitor, guard, admission, scheduler, executor, lanes=config.max_in_flight)
+    return Filler(monitor, guard, admission, scheduler, executor, lanes)
 
 
 class DisabledFiller(NoListener):

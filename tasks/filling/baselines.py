@@ -1,7 +1,10 @@
 """The co-location policies the gate is measured against (same lanes, scheduler and executor).
 
-- OpenAdmission ("naive"): no gate; inference runs whenever it has work, at most K in flight,
-  like plain co-location (MPS on a GPU, an extra thread pool on a CPU).
+- OpenAdmission ("naive", "naive_split"): no gate; inference runs whenever it has work, at most K
+  in flight, like plain co-location. "naive" shares its K lanes between online and offline work
+  (a thread pool on a CPU: a request waits for the chunk running ahead of it); "naive_split" gives
+  online requests their own lane next to K offline lanes, as an online server and an offline job
+  co-located as separate MPS clients would run (their work overlaps instead of queueing).
 - RateLimitedAdmission ("TGS-like"): no bubble awareness; inference may use a share `duty` of
   wall time (a token bucket of inference-seconds), and the share follows the same step-time guard
   as the gate (AIMD), as TGS adapts the opportunistic job's launch rate to keep the production
@@ -22,8 +25,10 @@ class OpenAdmission:
         self.in_flight = 0
         self._cond = threading.Condition()
 
-    def start(self, pick):
+    def start(self, lane, pick):
         with self._cond:
+            if lane == "online":  # its own lane, one chunk at a time
+                return pick(math.inf)
             if self.in_flight >= self.max_in_flight:
                 return None
             chunk = pick(math.inf)
@@ -31,14 +36,16 @@ class OpenAdmission:
                 self.in_flight += 1
                 return chunk
 
-    def finish(self, busy_s: float) -> None:
+    def finish(self, lane: str, start_s: float, end_s: float) -> None:
         with self._cond:
-            self.in_flight -= 1
+            if lane != "online":
+                self.in_flight -= 1
             self._cond.notify_all()
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, lane: str, timeout_s: float) -> None:
         with self._cond:
-            self._cond.wait(min(timeout_s, 0.002))
+            # the online lane's timeout is the time to the next arrival
+            self._cond.wait(timeout_s if lane == "online" else min(timeout_s, 0.002))
 
 
 class RateLimitedAdmission:
@@ -58,7 +65,7 @@ class RateLimitedAdmission:
         self._tokens_s = min(self.burst_s, self._tokens_s + rate * (now - self._last))
         self._last = now
 
-    def start(self, pick):
+    def start(self, lane, pick):
         with self._lock:
             self._refill()
             if self.in_flight >= self.max_in_flight or self._tokens_s <= 0:
@@ -68,11 +75,11 @@ class RateLimitedAdmission:
                 self.in_flight += 1
                 return chunk
 
-    def finish(self, busy_s: float) -> None:
+    def finish(self, lane: str, start_s: float, end_s: float) -> None:
         with self._lock:
             self._refill()
-            self._tokens_s -= busy_s
+            self._tokens_s -= end_s - start_s
             self.in_flight -= 1
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, lane: str, timeout_s: float) -> None:
         time.sleep(min(timeout_s, 0.002))

@@ -24,7 +24,7 @@ from tasks.filling.attach import FillConfig, assemble
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.trainloop import TrainingJob
 
-MODES = ("naive", "rate_limited", "gated")
+MODES = ("naive", "naive_split", "rate_limited", "gated")
 ARTIFACT = Path("artifacts") / "filling_bench.png"
 COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
             "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
@@ -170,6 +170,7 @@ def run_bench(quick: bool) -> dict:
     result = {
         "training_retained": gated["training_retained"],
         "naive_training_retained": naive["training_retained"],
+        "naive_split_training_retained": modes["naive_split"]["training_retained"],
         "rate_limited_training_retained": modes["rate_limited"]["training_retained"],
         "step_slowdown_p50": gated["step_slowdown_p50"],
         "step_slowdown_p99": gated["step_slowdown_p99"],
@@ -181,6 +182,7 @@ def run_bench(quick: bool) -> dict:
         "offline_share_of_solo": gated["offline_share_of_solo"],
         "online_p95_s": gated["online_p95_s"],
         "naive_online_p95_s": naive["online_p95_s"],
+        "naive_split_online_p95_s": modes["naive_split"]["online_p95_s"],
         "solo_inference": solo,
         "modes": modes,
         "rounds": ratios,
@@ -210,7 +212,7 @@ def _plot(result: dict) -> str | None:
               ("online p95 latency (s)", [modes[m]["online_p95_s"] or 0 for m in names],
                result["solo_inference"]["online_p95_s"])]
     for ax, (title, values, reference) in zip(axes, panels):
-        ax.bar(names, values, color=["tab:red", "tab:orange", "tab:green"])
+        ax.bar(names, values, color=["tab:red", "tab:purple", "tab:orange", "tab:green"])
         if reference is not None:
             ax.axhline(reference, color="k", linestyle="--", linewidth=1, label="alone")
             ax.legend(loc="lower right", fontsize=8)

@@ -1,10 +1,12 @@
-"""Where chunks run. Each lane thread calls `lane_setup()` once, then `run(chunk)` per chunk;
+"""Where chunks run. Each lane thread calls `lane_setup(lane)` once, then `run(chunk)` per chunk;
 `run` returns when the chunk's work is complete, so the caller's timing is the chunk's busy time.
 
 CPU: inference runs in lane threads of the training process, on the same cores. torch's intra-op
 thread count is per calling thread with the OpenMP backend (measured: set_num_threads(1) in a lane
 leaves the training thread at its own count), so each lane pins its own count without touching
-training's. CUDA: each lane owns a lowest-priority stream; the training side should run on
+training's: `intra_op_threads` for offline and shared lanes, one for an online lane (its chunks
+are a few requests: 0.65 ms for one CNN request on one thread here, 0.49 ms on two, so a second
+thread buys little and would take the other core from training when it runs outside a bubble). CUDA: each lane owns a lowest-priority stream; the training side should run on
 `training_stream()` (highest priority). Completion is tracked with an event the lane polls, so
 only the lane waits. Priorities do not preempt running kernels: the gate is what isolates.
 """
@@ -26,8 +28,8 @@ class CpuExecutor:
         self.workload = workload
         self.intra_op_threads = intra_op_threads
 
-    def lane_setup(self) -> None:
-        torch.set_num_threads(self.intra_op_threads)
+    def lane_setup(self, lane: str) -> None:
+        torch.set_num_threads(1 if lane == "online" else self.intra_op_threads)
 
     def run(self, chunk: Chunk) -> None:
         with torch.inference_mode():
@@ -50,7 +52,7 @@ class CudaExecutor:
         self.poll_s = poll_s
         self._lane = threading.local()
 
-    def lane_setup(self) -> None:
+    def lane_setup(self, lane: str) -> None:
         least, _greatest = torch.cuda.Stream.priority_range()
         self._lane.stream = torch.cuda.Stream(device=self.workload.dataset.device, priority=least)
 

@@ -1,5 +1,8 @@
-"""The filler: a PhaseListener for the training loop plus K lane threads that run inference chunks
+"""The filler: a PhaseListener for the training loop plus lane threads that run inference chunks
 when the admission policy (the gate, or a baseline) lets them. Also keeps the numbers.
+
+`lanes` lists each lane's kind (tasks.filling.scheduler.LANES): the gated filler has one "online"
+lane plus K "offline" lanes; the shared-lane baselines have K "any" lanes.
 """
 from __future__ import annotations
 
@@ -15,20 +18,22 @@ from tasks.filling.scheduler import Chunk, Scheduler
 
 class Filler:
     def __init__(self, monitor: BubbleMonitor, guard: StepTimeGuard, admission: Admission,
-                 scheduler: Scheduler, executor, lanes: int):
+                 scheduler: Scheduler, executor, lanes: list[str]):
         self.monitor = monitor
         self.guard = guard
         self.admission = admission
         self.scheduler = scheduler
         self.executor = executor
         self.lanes = lanes
-        monitor.on_compute_time(guard.observe_compute_s)
+        monitor.on_compute_time(lambda compute_s: guard.observe_compute_s(compute_s,
+                                                                          self._compute_clean))
         self.chunks = 0
         self.busy_s = 0.0
         self.busy_in_bubble_s = 0.0
         self.error: BaseException | None = None
         self._active = 0
         self._busy_since = 0.0
+        self._compute_clean = True  # no chunk has run during the current compute phase
         # Recent chunks as (picked_s, start_s, end_s, kind, batch), for tests and inspection.
         self.chunk_log: deque[tuple[float, float, float, str, int]] = deque(maxlen=10_000)
         self._stats_lock = threading.Lock()
@@ -39,6 +44,8 @@ class Filler:
 
     # -- PhaseListener: delegate to the monitor (returns at once) -------------------------------
     def compute_start(self, step: int) -> None:
+        with self._stats_lock:
+            self._compute_clean = self._active == 0
         self.monitor.compute_start(step)
 
     def compute_end(self, step: int) -> None:
@@ -52,41 +59,46 @@ class Filler:
 
     # -- lanes ---------------------------------------------------------------------------------
     def calibrate(self, repeats: int = 3) -> None:
-        """Measure each chunk size alone (before training starts) to seed the cost model. Runs in
-        its own thread, as a lane would, so the caller's intra-op thread count is left alone."""
+        """Measure each chunk size alone (before training starts) to seed the cost models (the
+        online lane's with its thread count). Runs in its own thread, as a lane would, so the
+        caller's intra-op thread count is left alone."""
         thread = threading.Thread(target=self._calibrate, args=(repeats,), name="fill-calibrate")
         thread.start()
         thread.join()
 
     def _calibrate(self, repeats: int) -> None:
-        self.executor.lane_setup()
-        for size in self.scheduler.costs.batch_sizes:
-            chunk = Chunk("offline", size, 0.0)
-            self.executor.run(chunk)  # warm-up
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                self.executor.run(chunk)
-                self.scheduler.costs.update(size, time.perf_counter() - t0)
+        for lane in sorted(set(self.lanes)):
+            self.executor.lane_setup(lane)
+            costs = self.scheduler.cost_model(lane)
+            for size in costs.batch_sizes:
+                chunk = Chunk("offline", size, 0.0)
+                self.executor.run(chunk)  # warm-up
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    self.executor.run(chunk)
+                    costs.update(size, time.perf_counter() - t0)
 
     def start(self) -> "Filler":
         """Start the lanes; online arrivals begin now."""
         if self.scheduler.arrivals is not None:
             self.scheduler.arrivals.begin(self.monitor.clock())
-        for i in range(self.lanes):
-            thread = threading.Thread(target=self._lane, name=f"fill-lane-{i}", daemon=True)
+        for i, lane in enumerate(self.lanes):
+            thread = threading.Thread(target=self._lane, args=(lane,), name=f"fill-{lane}-{i}",
+                                      daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
 
-    def _lane(self) -> None:
+    def _lane(self, lane: str) -> None:
         clock = self.monitor.clock
-        self.executor.lane_setup()
+        self.executor.lane_setup(lane)
         while not self._stop.is_set():
-            if not self._running.wait(0.05):
+            if not self._running.wait(0.05) or self._stop.is_set():  # close() sets both
                 continue
-            chunk = self.admission.start(lambda allowance_s: self.scheduler.pick(allowance_s, clock()))
+            chunk = self.admission.start(
+                lane, lambda allowance_s: self.scheduler.pick(allowance_s, clock(), lane))
             if chunk is None:
-                self.admission.wait(0.05)
+                self.admission.wait(lane, self.scheduler.idle_wait_s(lane, clock(), cap_s=0.05))
                 continue
             t0 = self._busy_begin()
             try:
@@ -95,7 +107,7 @@ class Filler:
                 self.error = err
                 self._stop.set()
             t1 = self._busy_end()
-            self.admission.finish(t1 - t0)
+            self.admission.finish(lane, t0, t1)
             if self.error is not None:
                 return
             self.scheduler.complete(chunk, t1, t1 - t0)
@@ -111,6 +123,7 @@ class Filler:
             if self._active == 0:
                 self._busy_since = now
             self._active += 1
+            self._compute_clean = False
             return now
 
     def _busy_end(self) -> float:

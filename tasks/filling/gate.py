@@ -1,13 +1,26 @@
-"""Gate (token + barrier): an inference chunk starts only inside an open bubble whose predicted
-remainder, scaled by the guard's budget, covers the chunk's measured cost with a margin.
+"""Gate (token + barrier): offline chunks start only inside an open bubble whose predicted
+remainder, scaled by the guard's budget, covers the chunk's measured cost with a margin; online
+requests may also use a small guarded reserve outside bubbles.
 
     allowance_s = (budget * predicted_remaining_s - margin_s) / (1 + margin)
 
-A chunk is admitted if its predicted cost <= allowance_s and fewer than K chunks are in flight.
-When training resumes (comm_end) the bubble closes and nothing new starts; chunks already running
-finish on their own (at most K). Nothing starts before the guard has its solo baseline. Training
-never waits on inference: the training thread only flips the monitor's state (a lock held for
-microseconds); lanes do all the waiting.
+Offline (and shared "any") lanes: a chunk is admitted if its predicted cost <= allowance_s and
+fewer than K such chunks are in flight. When training resumes (comm_end) the bubble closes and
+nothing new starts; chunks already running finish on their own (at most K). No offline chunk
+starts before the guard has its solo baseline, nor while it re-measures it.
+
+The online lane (one thread, one chunk at a time) runs next to the offline lanes, so a request
+never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance, or
+else when it fits the online reserve: a token bucket of inference-seconds outside bubbles that
+fills at `online_reserve * budget` per second of wall time (at most one second's worth saved up)
+and is charged, when a chunk ends, with the part of it that ran outside bubbles. A request that
+arrives while training computes is then served at once instead of waiting for the next bubble; the
+reserve bounds what that can take from training, and the guard's budget shrinks it when training
+slows. Online requests are served while the guard re-measures its baseline too: it leaves out the
+compute phases that a chunk overlapped.
+
+Training never waits on inference: the training thread only flips the monitor's state (a lock held
+for microseconds); lanes do all the waiting.
 """
 from __future__ import annotations
 
@@ -18,40 +31,63 @@ from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 
 C = TypeVar("C")
+RESERVE_SAVED_S = 1.0  # the online reserve saves up at most this many seconds' worth of refill
 
 
 class Admission(Protocol):
-    """What a lane asks before it starts a chunk (the gate, or a baseline policy)."""
+    """What a lane asks before it starts a chunk (the gate, or a baseline policy). `lane` is the
+    lane's kind (tasks.filling.scheduler.LANES)."""
 
-    def start(self, pick: Callable[[float], C | None]) -> C | None:
+    def start(self, lane: str, pick: Callable[[float], C | None]) -> C | None:
         """Atomically: compute the allowance (s), let `pick` choose a chunk that fits, count it."""
-    def finish(self, busy_s: float) -> None: ...
-    def wait(self, timeout_s: float) -> None:
+    def finish(self, lane: str, start_s: float, end_s: float) -> None: ...
+    def wait(self, lane: str, timeout_s: float) -> None:
         """Block (at most timeout_s) until trying again could succeed."""
 
 
 class Gate:
     def __init__(self, monitor: BubbleMonitor, guard: StepTimeGuard, max_in_flight: int,
-                 margin: float, margin_s: float = 0.0):
+                 margin: float, margin_s: float = 0.0, online_reserve: float = 0.0):
         self.monitor = monitor
         self.guard = guard
         self.max_in_flight = max_in_flight
         self.margin = margin
         self.margin_s = margin_s
-        self.in_flight = 0
+        self.online_reserve = online_reserve
+        self.in_flight = 0  # offline / shared-lane chunks (the online lane runs one at a time)
+        self.reserve_s = 0.0
+        self._reserve_at = monitor.clock()
         self._lock = threading.Lock()
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
 
+    def _bubble_allowance_s(self, budget: float) -> float:
+        remaining_s = self.monitor.predicted_remaining_s()
+        return max(0.0, (budget * remaining_s - self.margin_s) / (1 + self.margin))
+
     def allowance_s(self) -> float:
+        """Seconds an offline chunk may take now (0 when none may start)."""
         if self.guard.calibrating or self.in_flight >= self.max_in_flight:
             return 0.0
-        remaining_s = self.monitor.predicted_remaining_s()
-        return max(0.0, (self.guard.budget * remaining_s - self.margin_s) / (1 + self.margin))
+        return self._bubble_allowance_s(self.guard.budget)
 
-    def start(self, pick):
+    def online_allowance_s(self) -> float:
+        """Seconds an online chunk may take now: the bubble's allowance or the reserve, whichever
+        is larger. The guard's budget scales the reserve, not the bubble: a chunk that fits the
+        predicted remainder leaves the compute phase alone, and squeezing requests out of bubbles
+        would only make them wait for the next one."""
+        now = self.monitor.clock()
+        rate = self.online_reserve * self.guard.budget
+        self.reserve_s = min(rate * RESERVE_SAVED_S, self.reserve_s + rate * (now - self._reserve_at))
+        self._reserve_at = now
+        return max(self._bubble_allowance_s(1.0), self.reserve_s)
+
+    def start(self, lane, pick):
         # Under the monitor's lock: the bubble cannot close between the check and the pick, so
-        # every admitted chunk was picked (chunk.picked_s) while its bubble was open.
+        # every admitted offline chunk was picked (chunk.picked_s) while its bubble was open.
         with self._lock, self.monitor.changed:
+            if lane == "online":
+                allowance_s = self.online_allowance_s()
+                return pick(allowance_s) if allowance_s > 0 else None
             generation = self.monitor.generation
             if not self.monitor.is_open():
                 return None
@@ -63,9 +99,12 @@ class Gate:
             self.in_flight += 1
             return chunk
 
-    def finish(self, busy_s: float) -> None:
+    def finish(self, lane: str, start_s: float, end_s: float) -> None:
         with self._lock:
-            self.in_flight -= 1
+            if lane == "online":
+                self.reserve_s -= (end_s - start_s) - self.monitor.overlap_s(start_s, end_s)
+            else:
+                self.in_flight -= 1
         with self.monitor.changed:
             self.monitor.changed.notify_all()
 
@@ -74,6 +113,9 @@ class Gate:
         return (m.is_open() and m.generation != self._failed_generation
                 and self.in_flight < self.max_in_flight)
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, lane: str, timeout_s: float) -> None:
         with self.monitor.changed:
-            self.monitor.changed.wait_for(self._worth_trying, timeout_s)
+            if lane == "online":  # any bubble edge may make room: retry on each
+                self.monitor.changed.wait(timeout_s)
+            else:
+                self.monitor.changed.wait_for(self._worth_trying, timeout_s)

@@ -3,8 +3,9 @@
 Inference can only hurt training by spilling past a bubble into the compute phase, so the guard
 watches the compute time (compute_start -> compute_end), not the whole step: the communication
 phase follows the network and would drown the signal. The solo baseline is the median of
-`calibration_steps` compute phases with no filling (the gate stays shut while the guard
-calibrates). It is taken at the start and again every `rebaseline_every` steps, because a shared
+`calibration_steps` clean compute phases - ones no inference chunk overlapped (the gate starts no
+offline chunk while the guard calibrates; online requests are still served, and the compute phases
+they touch are left out). It is taken at the start and again every `rebaseline_every` steps, because a shared
 machine's background load drifts and a stale baseline would blame that drift on inference (and
 shrink the budget to nothing). Between calibrations, when the median of the last `window` compute
 times exceeds baseline * (1 + tolerance), the budget (the fraction of a predicted bubble that
@@ -36,9 +37,12 @@ class StepTimeGuard:
         self._recent: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
 
-    def observe_compute_s(self, compute_s: float) -> None:
+    def observe_compute_s(self, compute_s: float, clean: bool = True) -> None:
+        """One compute phase; `clean`: no inference chunk ran during it."""
         with self._lock:
             if self.calibrating:
+                if not clean:
+                    return
                 self._calibration.append(compute_s)
                 if len(self._calibration) >= self.calibration_steps:
                     self.baseline_s = statistics.median(self._calibration)

@@ -1,6 +1,9 @@
 """Scheduler: online requests first, offline scoring in what remains, chunk sizes from measured cost.
 
-Online requests carry their arrival time and share one latency SLO. Shedding (documented, counted):
+Each lane asks for work of its kind (LANES): an "online" lane takes only online requests, an
+"offline" lane only offline scoring, and an "any" lane (the baselines' shared lane) takes online
+requests first and offline work only when no request waits. Online requests carry their arrival
+time and share one latency SLO. Shedding (documented, counted):
 - overflow: a request arriving to a full queue (`capacity`) is rejected at once;
 - expired: a queued request already older than the SLO when a chunk is formed is dropped, since
   serving it cannot meet the SLO and would spend bubble time that fresher requests need;
@@ -17,6 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+LANES = ("online", "offline", "any")
+
+
 @dataclass
 class Chunk:
     """One unit of inference work: a micro-batch of online requests or of the offline dataset."""
@@ -26,6 +32,7 @@ class Chunk:
     picked_s: float = 0.0  # when the scheduler formed it (inside the admission's decision)
     arrivals_s: list[float] = field(default_factory=list)
     offline_start: int = 0
+    lane: str = "any"  # the kind of lane that picked it (whose cost model it updates)
 
 
 class CostModel:
@@ -117,6 +124,10 @@ class PoissonArrivals:
     def begin(self, start_s: float) -> None:
         self._next_s = start_s + self._gap()
 
+    def next_s(self) -> float:
+        """When the next request arrives (inf before begin())."""
+        return self._next_s
+
     def _gap(self) -> float:
         return float(self._rng.exponential(1.0 / self.rate_per_s))
 
@@ -129,13 +140,16 @@ class PoissonArrivals:
 
 
 class Scheduler:
-    """Chooses the next chunk for an allowance; thread-safe across lanes."""
+    """Chooses the next chunk for an allowance; thread-safe across lanes. The online lane runs on
+    fewer intra-op threads than the others, so it has its own cost model (`online_costs`; the
+    shared one when not given)."""
 
     def __init__(self, queue: OnlineQueue, arrivals: PoissonArrivals | None, costs: CostModel,
-                 dataset_size: int):
+                 dataset_size: int, online_costs: CostModel | None = None):
         self.queue = queue
         self.arrivals = arrivals
         self.costs = costs
+        self.online_costs = online_costs or costs
         self.dataset_size = dataset_size
         self._offline_cursor = 0
         self._lock = threading.Lock()
@@ -148,23 +162,44 @@ class Scheduler:
             for arrival_s in self.arrivals.due(now_s):
                 self.queue.offer(arrival_s)
 
-    def pick(self, allowance_s: float, now_s: float) -> Chunk | None:
+    def pick(self, allowance_s: float, now_s: float, lane: str = "any") -> Chunk | None:
+        """The next chunk for a lane of kind `lane` (LANES) whose predicted cost fits the allowance."""
+        costs = self.cost_model(lane)
         with self._lock:
             self.admit_arrivals(now_s)
             self.queue.drop_expired(now_s)
-            max_batch = self.costs.batch_sizes[-1]
-            if len(self.queue):
-                n = self.costs.largest_fitting(allowance_s, min(len(self.queue), max_batch))
+            max_batch = costs.batch_sizes[-1]
+            if lane != "offline" and len(self.queue):
+                n = costs.largest_fitting(allowance_s, min(len(self.queue), max_batch))
                 if n == 0:
-                    return None  # online first: offline does not jump a waiting request
-                return Chunk("online", n, self.costs.predict_s(n), now_s,
-                             arrivals_s=self.queue.take(n))
-            n = self.costs.largest_fitting(allowance_s, max_batch)
+                    return None  # online first: on a shared lane offline does not jump a request
+                return Chunk("online", n, costs.predict_s(n), now_s,
+                             arrivals_s=self.queue.take(n), lane=lane)
+            if lane == "online":
+                return None
+            n = costs.largest_fitting(allowance_s, max_batch)
             if n == 0:
                 return None
             start = self._offline_cursor
             self._offline_cursor = (start + n) % self.dataset_size
-            return Chunk("offline", n, self.costs.predict_s(n), now_s, offline_start=start)
+            return Chunk("offline", n, costs.predict_s(n), now_s, offline_start=start, lane=lane)
+
+    def cost_model(self, lane: str) -> CostModel:
+        return self.online_costs if lane == "online" else self.costs
+
+    def idle_wait_s(self, lane: str, now_s: float, cap_s: float) -> float:
+        """How long a lane that got nothing may sleep before asking again (at most cap_s): an
+        online lane with an empty queue until the next arrival; otherwise cap_s (the admission
+        wakes waiting lanes at every bubble edge and chunk end, when room may have appeared).
+        Requests already due join the queue first (the admission may not have called pick)."""
+        if lane != "online":
+            return cap_s
+        with self._lock:
+            self.admit_arrivals(now_s)
+            if len(self.queue):
+                return cap_s
+            next_s = self.arrivals.next_s() if self.arrivals is not None else float("inf")
+        return min(cap_s, max(0.0, next_s - now_s))
 
     def shed_queued(self) -> None:
         with self._lock:
@@ -172,7 +207,7 @@ class Scheduler:
 
     def complete(self, chunk: Chunk, end_s: float, busy_s: float) -> None:
         with self._lock:
-            self.costs.update(chunk.batch, busy_s)
+            self.cost_model(chunk.lane).update(chunk.batch, busy_s)
             if chunk.kind == "online":
                 self.online_served += chunk.batch
                 self.latencies.extend((end_s, end_s - a) for a in chunk.arrivals_s)
