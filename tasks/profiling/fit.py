@@ -151,7 +151,8 @@ def fit_contention(n_workers: Sequence[int], comm_s: Sequence[float], gpus: Sequ
 
 @dataclass(frozen=True)
 class LossSeries:
-    """One cluster's smoothed loss against its update count, with the cluster's shape."""
+    """One cluster's (update count, smoothed loss) points, in fit_profile the first crossing of each
+    level of the band, with the cluster's shape."""
 
     wa_batch: float  # bw
     cc: float  # R
