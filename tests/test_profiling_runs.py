@@ -61,10 +61,13 @@ def test_validation_repeats_a_configuration_and_scores_the_mean(provider):
 
     shipped = load_profile("profiles/transformer-lm-local-quick.json")
     profile = shipped.model_copy(update={"workload": "transformer-lm"})
+    seen = []
     report = validate_profile(provider, profile, "transformer-lm", [{"p3.2xlarge": 1}], 3.5, run_id="val",
-                              workload_options=OPTIONS, ps_megabits_per_s=1000.0, repeats=2)
+                              workload_options=OPTIONS, ps_megabits_per_s=1000.0, repeats=2,
+                              on_run=lambda cluster, run: seen.append((cluster, run)))
     (result,) = report.configs
     assert len(result.runs) == 2 and all(r.observed_iterations >= 1 for r in result.runs)
+    assert seen == [({"p3.2xlarge": 1}, r) for r in result.runs]  # progress after each run
     assert result.observed_iterations == pytest.approx(sum(r.observed_iterations for r in result.runs) / 2)
     assert result.observed_time_s == pytest.approx(sum(r.observed_time_s for r in result.runs) / 2)
     assert result.time_error == pytest.approx(abs(result.predicted_time_s - result.observed_time_s) / result.observed_time_s)

@@ -26,6 +26,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from pydantic import BaseModel
@@ -167,16 +168,22 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, c
 
 def run_config(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
                loss_target: float, *, repeats: int = 1, workload_options: dict | None = None,
-               ps_megabits_per_s: float | None = None, timeout_s: float = 600.0) -> ConfigResult:
-    """Train `cluster` to the target `repeats` times and score the means against the model."""
+               ps_megabits_per_s: float | None = None, timeout_s: float = 600.0,
+               on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ConfigResult:
+    """Train `cluster` to the target `repeats` times and score the means against the model;
+    `on_run(cluster, run)` after each run (progress)."""
     model = Model.from_profile(profile)
     predicted = {k: float(v[0]) for k, v in model.evaluate(model.counts_vector(cluster), loss_target).items()}
     if not np.isfinite(predicted["iterations"]):
         raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
                              f"(gamma5 = {profile.loss.gamma5:.4g})")
-    runs = [run_once(provider, f"{run_id}-r{k}", profile, workload, cluster, loss_target,
-                     predicted["iterations"], workload_options=workload_options,
-                     ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s) for k in range(repeats)]
+    runs = []
+    for k in range(repeats):
+        runs.append(run_once(provider, f"{run_id}-r{k}", profile, workload, cluster, loss_target,
+                             predicted["iterations"], workload_options=workload_options,
+                             ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s))
+        if on_run is not None:
+            on_run(cluster, runs[-1])
 
     def mean(field: str) -> float:
         return statistics.fmean(getattr(r, field) for r in runs)
@@ -199,7 +206,8 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
 def validate_profile(provider: Provider, profile: Profile, workload: str, configs: list[dict[str, int]],
                      loss_target: float, *, run_id: str | None = None, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, parallel: int = 1, repeats: int = 1,
-                     timeout_s: float = 600.0, fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None) -> ValidationReport:
+                     timeout_s: float = 600.0, fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None,
+                     on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ValidationReport:
     """Run every configuration to the loss target `repeats` times (`parallel` configurations at a
     time) and score the model."""
     if not configs:
@@ -215,7 +223,8 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
     def one(k_cluster):
         k, cluster = k_cluster
         return run_config(provider, f"{run_id}-v{k}", profile, workload, cluster, loss_target, repeats=repeats,
-                          workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s)
+                          workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s,
+                          on_run=on_run)
 
     with ThreadPoolExecutor(max(1, parallel)) as pool:
         results = list(pool.map(one, enumerate(configs)))
