@@ -75,10 +75,10 @@ def _setup(args):
 
 def _profile(args) -> int:
     from tasks.cli import print_json
-    from tasks.profiling.workflow import profile_workload
 
     preset, provider, emulation = _setup(args)
-    path, summary = profile_workload(provider, emulation, preset, directory=args.profiles_dir, force=args.force)
+    path, summary = _profile_with_progress(provider, emulation, preset, args.profiles_dir,
+                                           force=args.force)
     if args.json:
         print_json({"profile": str(path), **summary})
     else:
@@ -97,14 +97,13 @@ def _validate(args) -> int:
     from tasks.errors import UserInputError
     from tasks.profile import load_profile
     from tasks.profiling.validate import validate_profile
-    from tasks.profiling.workflow import profile_workload
     from tasks.progress import ProgressBar
 
     started_s = time.monotonic()
     preset, provider, emulation = _setup(args)
     path = args.profile
     if path is None:
-        path, _ = profile_workload(provider, emulation, preset, directory=args.profiles_dir)
+        path, _ = _profile_with_progress(provider, emulation, preset, args.profiles_dir)
     profile = load_profile(path)
     if profile.workload != preset.workload:
         raise UserInputError(f"{path} profiles {profile.workload!r}, the preset trains {preset.workload!r}")
@@ -140,3 +139,13 @@ def _validate(args) -> int:
 
 def _label(cluster: dict[str, int]) -> str:
     return ",".join(f"{t}={n}" for t, n in cluster.items())
+
+
+def _profile_with_progress(provider, emulation, preset, directory, force=False):
+    """profile_workload with a progress bar of its stages (a cached profile finishes at once)."""
+    from tasks.profiling.workflow import PROFILING_STAGES, profile_workload
+    from tasks.progress import ProgressBar
+
+    with ProgressBar(len(PROFILING_STAGES), f"profile {preset.name}") as bar:
+        return profile_workload(provider, emulation, preset, directory=directory, force=force,
+                                on_stage=lambda name: bar.advance(note=f"{name} done"))
