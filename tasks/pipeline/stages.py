@@ -42,6 +42,7 @@ class StageClock:
 def profiling_preset(request: TrainRequest):
     """The profiling preset (tasks/profiling/presets.py) narrowed to this request's workload and
     candidate types: how long to profile, and how the local provider emulates the network."""
+    from collections import Counter
     from dataclasses import replace
 
     from tasks.profiling.presets import preset
@@ -50,9 +51,10 @@ def profiling_preset(request: TrainRequest):
     types = tuple(request.candidates.types)
     fit_clusters = p.fit_clusters
     if not all(set(c) <= set(types) for c in fit_clusters):  # the preset's clusters use other types
-        first, last = types[0], types[-1]
-        fit_clusters = ({first: 1, last: 1}, {first: 1, last: 3}, {first: 6, last: 1}, {first: 1}, {last: 1}) \
-            if first != last else ({first: 2}, {first: 4}, {first: 7}, {first: 1})
+        # the same shapes, on the request's first and last type (merged when there is one)
+        rename = {p.types[0]: types[0], p.types[-1]: types[-1]}
+        renamed = [dict(sum((Counter({rename[t]: n}) for t, n in c.items()), Counter())) for c in p.fit_clusters]
+        fit_clusters = tuple(c for k, c in enumerate(renamed) if c not in renamed[:k])
     return replace(p, workload=request.workload, workload_options=dict(request.workload_options), types=types,
                    fit_clusters=fit_clusters)
 

@@ -115,12 +115,14 @@ def _relative(predicted: float, observed: float) -> float:
 
 
 def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
-             loss_target: float, predicted_iterations: float, *, workload_options: dict | None = None,
-             ps_megabits_per_s: float | None = None, timeout_s: float = 600.0) -> RunObservation:
-    """Train `cluster` once until the PS's smoothed loss reaches `loss_target`."""
+             loss_target: float, models: tuple[Model, Model], iterations: tuple[float, float], *,
+             workload_options: dict | None = None, ps_megabits_per_s: float | None = None,
+             timeout_s: float = 600.0) -> RunObservation:
+    """Train `cluster` once until the PS's smoothed loss reaches `loss_target`; `models` are the
+    model and the contention-blind baseline, `iterations` what each predicts for the cluster."""
     from tasks.runtime.driver import add_workers, start_run, stop_run
 
-    model, blind = Model.from_profile(profile), contention_blind(profile)
+    (model, blind), (model_iterations, blind_iterations) = models, iterations
     started_s = time.monotonic()
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
                     ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
@@ -155,10 +157,9 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, c
 
     skew_s = max(offsets)
     steady = [u for u in updates if u["t"] - first_t >= skew_s]
-    blind_iterations = float(blind.evaluate(model.counts_vector(cluster), loss_target)["iterations"][0])
     return RunObservation(
         observed_time_s=updates[-1]["t"] - first_t, observed_iterations=len(updates),
-        predicted_time_s=scheduled(model, predicted_iterations),
+        predicted_time_s=scheduled(model, model_iterations),
         baseline_time_s=scheduled(blind, blind_iterations),
         speed_time_s=scheduled(model, len(updates)), baseline_speed_time_s=scheduled(blind, len(updates)),
         observed_iteration_time_s=(steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1),
@@ -172,15 +173,17 @@ def run_config(provider: Provider, run_id: str, profile: Profile, workload: str,
                on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ConfigResult:
     """Train `cluster` to the target `repeats` times and score the means against the model;
     `on_run(cluster, run)` after each run (progress)."""
-    model = Model.from_profile(profile)
-    predicted = {k: float(v[0]) for k, v in model.evaluate(model.counts_vector(cluster), loss_target).items()}
+    model, blind = Model.from_profile(profile), contention_blind(profile)
+    counts = model.counts_vector(cluster)
+    predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
     if not np.isfinite(predicted["iterations"]):
         raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
                              f"(gamma5 = {profile.loss.gamma5:.4g})")
+    iterations = (predicted["iterations"], float(blind.evaluate(counts, loss_target)["iterations"][0]))
     runs = []
     for k in range(repeats):
         runs.append(run_once(provider, f"{run_id}-r{k}", profile, workload, cluster, loss_target,
-                             predicted["iterations"], workload_options=workload_options,
+                             (model, blind), iterations, workload_options=workload_options,
                              ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s))
         if on_run is not None:
             on_run(cluster, runs[-1])

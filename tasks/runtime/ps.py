@@ -7,8 +7,8 @@ applied exactly once and counted once. A worker's learning rate follows its batc
 (staleness-aware ASGD). With the default power 0.5 an n-worker cluster (s about n - 1) needs about
 sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
 assumes (shared/design/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
-loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md). The emulated network (shaping.Shaper) is applied here, where all traffic
-meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
+loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md).
+The emulated network (shaping.Shaper) is applied here, where all traffic meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
