@@ -231,8 +231,24 @@ def test_smoothed_losses_are_the_ps_moving_average(tmp_path):
         worker_observations(updates[:8], {0: 8, 1: 16}, "test")
 
 
-def test_time_on_schedule_replays_staggered_starts():
-    assert time_on_schedule(10, [0.0], [0.5]) == pytest.approx(5.0)
-    # worker 2 joins at 2 s: 4 updates by then, then 3 a second
-    assert time_on_schedule(10, [0.0, 2.0], [0.5, 1.0]) == pytest.approx(4.0)
-    assert time_on_schedule(2, [3.0, 0.0], [1.0, 1.0]) == pytest.approx(2.0)
+def test_time_on_schedule_counts_each_workers_updates_from_its_first():
+    # one worker: its 10th update comes 9 periods after its first
+    assert time_on_schedule(10, [0.0], [0.5]) == pytest.approx(4.5)
+    # worker 2's first update at 2 s: updates at 0, .5, 1, 1.5, 2, 2, 2.5, 3, 3, 3.5
+    assert time_on_schedule(10, [0.0, 2.0], [0.5, 1.0]) == pytest.approx(3.5)
+    assert time_on_schedule(2, [3.0, 0.0], [1.0, 1.0]) == pytest.approx(1.0)
+    # a fractional count lies between the updates on either side; one update or less takes no time
+    assert time_on_schedule(2.5, [0.0], [1.0]) == pytest.approx(1.5)
+    assert time_on_schedule(0.4, [0.0, 1.0], [1.0, 1.0]) == 0.0
+
+
+def test_time_on_schedule_matches_merging_every_workers_updates():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = int(rng.integers(1, 8))
+        starts, periods = rng.uniform(0, 2, n), rng.uniform(0.05, 0.4, n)
+        k = int(rng.integers(1, 300))
+        events = np.sort(np.concatenate([s + p * np.arange(k) for s, p in zip(starts, periods)]))
+        assert time_on_schedule(k, list(starts), list(periods)) == pytest.approx(events[k - 1] - starts.min(), abs=1e-9)
+
+
