@@ -531,3 +531,57 @@ def test_poisson_arrivals_are_seeded_and_near_their_rate():
 def test_chunk_defaults():
     chunk = Chunk("offline", 4, 0.1)
     assert chunk.arrivals_s == [] and chunk.offline_start == 0
+
+
+# -- executor --------------------------------------------------------------------------------------
+def test_online_nice_applies_to_the_online_lane_thread_only(monkeypatch):
+    import os
+    import threading
+
+    from tasks.filling import executor as executor_module
+
+    calls = []
+    monkeypatch.setattr(executor_module.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(executor_module.os, "setpriority",
+                        lambda which, who, nice: calls.append((which, who, nice)))
+    ex = executor_module.CpuExecutor(workload=None, intra_op_threads=2, online_nice=-5)
+    ex.lane_setup("offline")
+    assert calls == []
+    ex.lane_setup("online")
+    assert calls == [(os.PRIO_PROCESS, threading.get_native_id(), -5)]  # this thread, not the process
+    assert ex.online_nice_error is None
+    executor_module.CpuExecutor(workload=None, intra_op_threads=2).lane_setup("online")
+    assert len(calls) == 1  # 0 leaves the lane's priority alone
+
+
+def test_online_nice_that_is_refused_is_reported_not_raised(monkeypatch):
+    from tasks.filling import executor as executor_module
+
+    def refuse(which, who, nice):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(executor_module.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(executor_module.os, "setpriority", refuse)
+    ex = executor_module.CpuExecutor(workload=None, intra_op_threads=2, online_nice=-10)
+    ex.lane_setup("online")
+    assert "online_nice -10 not applied" in ex.online_nice_error and "Permission" in ex.online_nice_error
+
+
+def test_set_thread_nice_changes_only_the_calling_thread():
+    import os
+    import threading
+
+    from tasks.filling.executor import set_thread_nice
+
+    seen = {}
+
+    def lane():
+        seen["error"] = set_thread_nice(os.getpriority(os.PRIO_PROCESS, 0) + 1)  # up needs no privilege
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=lane)
+    thread.start()
+    thread.join()
+    assert seen["error"] is None and seen["thread"] == min(19, before + 1)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
