@@ -19,8 +19,6 @@ from tasks.filling.trainloop import TrainingJob
     ("queue_capacity", 0, "queue_capacity"),
     ("tolerance", 0, "tolerance"),
     ("online_rate_per_s", -5, "online_rate_per_s"),
-    ("online_nice", -21, "online_nice"),
-    ("online_nice", 20, "online_nice"),
     ("model", "resnet50", "model"),
     ("device", "tpu", "device"),
     ("slo_s", float("nan"), "slo_s"),

@@ -38,9 +38,6 @@ class FillConfig(BaseModel):
     rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
     max_batch: int = Field(32, ge=1, le=4096)
     intra_op_threads: int = Field(1, ge=1)
-    # CPU: nice value of the online lane's thread (0 = unchanged; < 0 needs CAP_SYS_NICE, and
-    # without it the lane keeps its priority and metrics' online_nice_error says so)
-    online_nice: int = Field(0, ge=-20, le=19)
     slots: int = Field(1, ge=1)
     memory_budget_mb: float | None = Field(None, gt=0)  # CPU: default = half of MemAvailable
     dataset_size: int = Field(1024, ge=1)
@@ -116,7 +113,7 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
                           CostModel(config.max_batch), config.dataset_size,
                           online_costs=CostModel(config.max_batch))
     executor = (CudaExecutor(workload) if config.device == "cuda"
-                else CpuExecutor(workload, config.intra_op_threads, config.online_nice))
+                else CpuExecutor(workload, config.intra_op_threads))
     return Filler(monitor, guard, admission, scheduler, executor, lanes)
 
 

@@ -12,7 +12,6 @@ only the lane waits. Priorities do not preempt running kernels: the gate is what
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -25,30 +24,16 @@ from tasks.filling.scheduler import Chunk
 class CpuExecutor:
     device = "cpu"
 
-    def __init__(self, workload: InferenceWorkload, intra_op_threads: int, online_nice: int = 0):
+    def __init__(self, workload: InferenceWorkload, intra_op_threads: int):
         self.workload = workload
         self.intra_op_threads = intra_op_threads
-        self.online_nice = online_nice
-        self.online_nice_error: str | None = None  # why the online lane's nice was not applied
 
     def lane_setup(self, lane: str) -> None:
         torch.set_num_threads(1 if lane == "online" else self.intra_op_threads)
-        if lane == "online" and self.online_nice:
-            self.online_nice_error = set_thread_nice(self.online_nice)
 
     def run(self, chunk: Chunk) -> None:
         with torch.inference_mode():
             self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch))
-
-
-def set_thread_nice(nice: int) -> str | None:
-    """Give the calling thread this nice value (Linux: a thread's nice is its own); None when it
-    worked, else why not (a negative value needs CAP_SYS_NICE; the thread keeps its priority)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (OSError, AttributeError) as err:
-        return f"online_nice {nice} not applied: {err}"
-    return None
 
 
 def training_stream(device: str = "cuda") -> "torch.cuda.Stream":

@@ -189,5 +189,4 @@ class Filler:
             "guard_shrinks": self.guard.shrinks,
             "baseline_compute_s": self.guard.baseline_s,
             "error": repr(self.error) if self.error else None,
-            "online_nice_error": getattr(self.executor, "online_nice_error", None),
         }
