@@ -1,12 +1,17 @@
 """`spotfill bench NAME [--quick] [--json]`: measured speed, never asserted in tests.
 
 Each benchmark is a module exposing `run_bench(quick: bool) -> dict` (numbers at full precision)
-and `format_table(result: dict) -> str` for people. Register new ones in BENCHES.
+and `format_table(result: dict) -> str` for people. Register new ones in BENCHES. Options that only
+one benchmark takes (BENCH_OPTIONS) are passed to its run_bench as keyword arguments, and are an
+error with any other benchmark.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+
+from tasks.cli_args import positive_floats
+from tasks.errors import UserInputError
 
 BENCHES = {
     "aws": "tasks.providers.aws_bench",
@@ -15,6 +20,8 @@ BENCHES = {
     "market": "tasks.market.bench",
     "runtime": "tasks.runtime.bench",
 }
+# option dest -> (flag, the benchmark that takes it, run_bench's keyword)
+BENCH_OPTIONS = {"online_rate": ("--online-rate", "filling", "online_rates")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,14 +29,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("--quick", action="store_true", help="a shorter run (CI-sized)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--online-rate", type=positive_floats, metavar="R[,R...]",
+                   help="filling only: online arrivals per second (default 20); a comma-separated "
+                        "list runs one bench per rate, one after another")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
 
+    options = {}
+    for dest, (flag, bench, keyword) in BENCH_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if args.name != bench:
+            raise UserInputError(f"{flag} applies only to `bench {bench}`, not `bench {args.name}`")
+        options[keyword] = value
     module = importlib.import_module(BENCHES[args.name])
-    result = module.run_bench(quick=args.quick)
+    if hasattr(module, "check_options"):
+        module.check_options(**options)  # before any slow work
+    result = module.run_bench(quick=args.quick, **options)
     if args.json:
         print_json(result)
     else:

@@ -36,6 +36,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_floats(text: str) -> list[float]:
+    """Parse `X` or `X,Y,...` into a list of distinct positive finite numbers (a sweep)."""
+    values: list[float] = []
+    for item in text.split(","):
+        value = positive_float(item.strip())
+        if value in values:
+            raise argparse.ArgumentTypeError(f"{item.strip()} given twice")
+        values.append(value)
+    return values
+
+
 def nonnegative_float(text: str) -> float:
     try:
         value = float(text)

@@ -267,6 +267,23 @@ def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the
     assert gate.start("online", lambda a: "online") == "online"
 
 
+def test_a_shrunk_budget_slows_the_reserve_refill_but_keeps_its_capacity():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    guard = calibrated_guard(budget=0.05)
+    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+    monitor.compute_start(3)
+    clock.now += 1.0
+    assert gate.online_allowance_s() == pytest.approx(0.001)  # refills at 0.02 * 0.05 per s
+    assert gate.start("online", fits(0.005)) is None  # a 5 ms request must wait for its tokens ...
+    clock.now += 4.0
+    assert gate.online_allowance_s() == pytest.approx(0.005)
+    assert gate.start("online", fits(0.005)) == 0.005  # ... but is not shut out for good
+    clock.now += 100.0
+    assert gate.online_allowance_s() == pytest.approx(0.02 * RESERVE_SAVED_S)  # same cap as budget 1
+
+
 def test_open_admission_ignores_bubbles_but_keeps_k():
     admission = OpenAdmission(max_in_flight=1)
     assert admission.start("any", lambda a: a) == math.inf

@@ -12,7 +12,8 @@ starts before the guard has its solo baseline, nor while it re-measures it.
 The online lane (one thread, one chunk at a time) runs next to the offline lanes, so a request
 never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance, or
 else when it fits the online reserve: a token bucket of inference-seconds outside bubbles that
-fills at `online_reserve * budget` per second of wall time (at most one second's worth saved up)
+fills at `online_reserve * budget` per second of wall time (at most `online_reserve` * 1 s saved
+up: the guard's budget slows the refill, it does not shrink what the bucket holds)
 and is charged, when a chunk ends, with the part of it that ran outside bubbles. A request that
 arrives while training computes is then served at once instead of waiting for the next bubble; the
 reserve bounds what that can take from training, and the guard's budget shrinks it when training
@@ -77,7 +78,10 @@ class Gate:
         would only make them wait for the next one."""
         now = self.monitor.clock()
         rate = self.online_reserve * self.guard.budget
-        self.reserve_s = min(rate * RESERVE_SAVED_S, self.reserve_s + rate * (now - self._reserve_at))
+        # The budget slows the refill, not the capacity: a capacity scaled by a shrunk budget
+        # would fall below one request's cost and shut the reserve instead of slowing it.
+        self.reserve_s = min(self.online_reserve * RESERVE_SAVED_S,
+                             self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
         return max(self._bubble_allowance_s(1.0), self.reserve_s)
 
