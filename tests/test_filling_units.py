@@ -225,11 +225,17 @@ def fits(cost_s: float):
     return lambda allowance_s: cost_s if cost_s <= allowance_s else None
 
 
-def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
+def reserve_gate(budget: float = 1.0):
+    """A gate with a 2% online reserve after three steps of 0.1 s compute and 0.05 s bubbles."""
     clock = FakeClock()
     monitor = BubbleMonitor(quantile=0.5, clock=clock)
     run_steps(monitor, clock, 0.05, [0.1] * 3)
-    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0, online_reserve=0.02)
+    guard = calibrated_guard(budget=budget)
+    return clock, monitor, guard, Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+
+
+def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
+    clock, monitor, _guard, gate = reserve_gate()
     monitor.compute_start(3)  # training computes: no bubble
     clock.now += 0.5
 
@@ -246,11 +252,7 @@ def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
 
 
 def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the_guard():
-    clock = FakeClock()
-    monitor = BubbleMonitor(quantile=0.5, clock=clock)
-    run_steps(monitor, clock, 0.05, [0.1] * 3)
-    guard = calibrated_guard(budget=0.5)
-    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+    clock, monitor, guard, gate = reserve_gate(budget=0.5)
     clock.now += 1.0
     assert gate.online_allowance_s() == pytest.approx(0.01)  # budget 0.5 halves the refill
     open_bubble(monitor, clock, 3)
@@ -268,11 +270,7 @@ def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the
 
 
 def test_a_shrunk_budget_slows_the_reserve_refill_but_keeps_its_capacity():
-    clock = FakeClock()
-    monitor = BubbleMonitor(quantile=0.5, clock=clock)
-    run_steps(monitor, clock, 0.05, [0.1] * 3)
-    guard = calibrated_guard(budget=0.05)
-    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+    clock, monitor, guard, gate = reserve_gate(budget=0.05)
     monitor.compute_start(3)
     clock.now += 1.0
     assert gate.online_allowance_s() == pytest.approx(0.001)  # refills at 0.02 * 0.05 per s

@@ -279,7 +279,6 @@ def _fmt(value, spec):
 def format_table(result: dict) -> str:
     if "runs" in result:
         return _format_sweep(result)
-    fmt = _fmt
     st = result["settings"]
     lines = [f"online arrivals {result['online_rate_per_s']:g}/s (Poisson, SLO "
              f"{st['fill_config']['slo_s']:g} s); device {st['device']}; training: compute "
@@ -290,15 +289,15 @@ def format_table(result: dict) -> str:
     solo = result["solo_inference"]
     lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}{'-':>8}"
                  f"{solo['offline_samples_per_s']:>10.1f}{'1.00':>8}"
-                 f"{fmt(solo['online_p50_s'], '.3f'):>8}{fmt(solo['online_p95_s'], '.3f'):>8}{'-':>7}{'-':>6}")
+                 f"{_fmt(solo['online_p50_s'], '.3f'):>8}{_fmt(solo['online_p95_s'], '.3f'):>8}{'-':>7}{'-':>6}")
     for mode in MODES:
         m = result["modes"][mode]
         lines.append(f"{mode:<13}{m['training_retained']:>9.3f}{m['step_slowdown_p50']:>+9.1%}"
                      f"{m['step_slowdown_p99']:>+9.1%}{m['fill_efficiency']:>9.2f}"
                      f"{m['spill_fraction']:>7.2f}{m['spill_share_of_training_time']:>8.3f}"
                      f"{m['offline_samples_per_s']:>10.1f}"
-                     f"{m['offline_share_of_solo']:>8.2f}{fmt(m['online_p50_s'], '.3f'):>8}"
-                     f"{fmt(m['online_p95_s'], '.3f'):>8}{m['online_served']:>7.0f}{m['online_shed']:>6.0f}")
+                     f"{m['offline_share_of_solo']:>8.2f}{_fmt(m['online_p50_s'], '.3f'):>8}"
+                     f"{_fmt(m['online_p95_s'], '.3f'):>8}{m['online_served']:>7.0f}{m['online_shed']:>6.0f}")
     lines.append("spill = inference busy time outside bubbles / inference busy time; spill/T = the "
                  "same time / training wall time")
     if result.get("plot"):
