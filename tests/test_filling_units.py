@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+import threading
 import time
 
 import pytest
 
 from tasks.filling.baselines import OpenAdmission
+from tasks.filling.executor import CpuExecutor
 from tasks.filling.filler import Filler
 from tasks.filling.gate import RESERVE_SAVED_S, Gate
 from tasks.filling.guard import StepTimeGuard
+from tasks.filling.models import build_workload
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, CostModel, OnlineQueue, PoissonArrivals, Scheduler
 
@@ -546,3 +550,40 @@ def test_poisson_arrivals_are_seeded_and_near_their_rate():
 def test_chunk_defaults():
     chunk = Chunk("offline", 4, 0.1)
     assert chunk.arrivals_s == [] and chunk.offline_start == 0
+
+
+def _lane_setup_in_thread(executor: CpuExecutor, lane: str) -> int:
+    """Run lane_setup in a fresh thread (as a lane would); return that thread's scheduling policy."""
+    policy = []
+
+    def lane_thread():
+        executor.lane_setup(lane)
+        policy.append(os.sched_getscheduler(0))
+
+    thread = threading.Thread(target=lane_thread)
+    thread.start()
+    thread.join()
+    return policy[0]
+
+
+def test_online_lane_runs_realtime_when_allowed_and_says_so_when_not(monkeypatch):
+    workload = build_workload("cnn", dataset_size=8)
+    executor = CpuExecutor(workload, intra_op_threads=1, online_priority="realtime")
+    assert _lane_setup_in_thread(executor, "offline") == os.SCHED_OTHER
+    assert executor.online_priority is None  # no online lane yet
+    policy = _lane_setup_in_thread(executor, "online")
+    if executor.online_priority == "realtime":
+        assert policy == os.SCHED_FIFO and executor.online_priority_refused is None
+    else:  # this machine does not grant CAP_SYS_NICE
+        assert policy == os.SCHED_OTHER and "SCHED_FIFO refused" in executor.online_priority_refused
+
+    def refuse(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    refused = CpuExecutor(workload, intra_op_threads=1, online_priority="realtime")
+    assert _lane_setup_in_thread(refused, "online") == os.SCHED_OTHER
+    assert refused.online_priority == "normal"
+    assert refused.online_priority_refused == "SCHED_FIFO refused: [Errno 1] Operation not permitted"
+    normal = CpuExecutor(workload, intra_op_threads=1, online_priority="normal")
+    assert _lane_setup_in_thread(normal, "online") == os.SCHED_OTHER and normal.online_priority == "normal"

@@ -38,6 +38,11 @@ class FillConfig(BaseModel):
     rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
     max_batch: int = Field(32, ge=1, le=4096)
     intra_op_threads: int = Field(1, ge=1)
+    # CPU: "realtime" runs the online lane's thread SCHED_FIFO, so a request served during
+    # training's compute (from the online reserve, which bounds what it takes) preempts training's
+    # threads instead of sharing cores with them; needs CAP_SYS_NICE, else it runs at normal
+    # priority and metrics say so (`online_priority`). CUDA: lanes use low-priority streams.
+    online_priority: Literal["realtime", "normal"] = "realtime"
     slots: int = Field(1, ge=1)
     memory_budget_mb: float | None = Field(None, gt=0)  # CPU: default = half of MemAvailable
     dataset_size: int = Field(1024, ge=1)
@@ -113,7 +118,7 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
                           CostModel(config.max_batch), config.dataset_size,
                           online_costs=CostModel(config.max_batch))
     executor = (CudaExecutor(workload) if config.device == "cuda"
-                else CpuExecutor(workload, config.intra_op_threads))
+                else CpuExecutor(workload, config.intra_op_threads, config.online_priority))
     return Filler(monitor, guard, admission, scheduler, executor, lanes)
 
 

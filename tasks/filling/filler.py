@@ -188,5 +188,7 @@ class Filler:
             "guard_budget": self.guard.budget,
             "guard_shrinks": self.guard.shrinks,
             "baseline_compute_s": self.guard.baseline_s,
+            "online_priority": getattr(self.executor, "online_priority", None),
+            "online_priority_refused": getattr(self.executor, "online_priority_refused", None),
             "error": repr(self.error) if self.error else None,
         }
