@@ -363,12 +363,12 @@ def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additivel
         guard.observe_compute_s(s)
     assert guard.baseline_s == pytest.approx(0.11)
     assert guard.budget == 1.0
-    guard.observe_compute_s(0.2)
+    guard.observe_compute_s(0.2, clean=False)  # a chunk ran into this compute phase
     assert guard.budget == pytest.approx(0.5)
-    guard.observe_compute_s(0.2)
+    guard.observe_compute_s(0.2, clean=False)
     assert guard.budget == pytest.approx(0.25)
     for _ in range(5):
-        guard.observe_compute_s(0.2)
+        guard.observe_compute_s(0.2, clean=False)
     assert guard.budget == pytest.approx(0.1)  # floor
     guard.observe_compute_s(0.11)
     assert guard.budget == pytest.approx(0.2)
@@ -385,8 +385,8 @@ def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile(
         guard.observe_compute_s(s)
     assert not guard.calibrating and guard.baseline_s == 1.0
     for s in (1.0, 1.0, 1.0, 1.0):
-        guard.observe_compute_s(s)
-    assert guard.calibrating  # 4 steps since the baseline: measure solo again
+        guard.observe_compute_s(s, clean=False)
+    assert guard.calibrating  # 4 steps, none of them clean: measure solo again
     clock = FakeClock()
     monitor = BubbleMonitor(quantile=0.5, clock=clock)
     run_steps(monitor, clock, 0.05, [0.1] * 3)
@@ -397,6 +397,20 @@ def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile(
     assert guard.baseline_s == 2.0
     guard.observe_compute_s(2.0)
     assert guard.shrinks == 0 and guard.budget == 1.0  # not blamed on inference
+
+
+def test_guard_baseline_follows_clean_phases_and_judges_only_the_touched_ones():
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    for s in (1.0, 1.0):
+        guard.observe_compute_s(s)
+    for s in (2.0, 2.0, 2.0, 2.0, 2.0):  # the machine got slower; no chunk touched these phases
+        guard.observe_compute_s(s)
+    assert guard.baseline_s == 2.0 and guard.shrinks == 0 and guard.budget == 1.0
+    assert not guard.calibrating  # clean phases kept the baseline fresh: no need to stop offline work
+    guard.observe_compute_s(2.05, clean=False)  # a chunk ran into it, within tolerance
+    assert guard.shrinks == 0
+    guard.observe_compute_s(2.5, clean=False)  # a chunk ran into it and slowed it
+    assert guard.shrinks == 1 and guard.budget == pytest.approx(0.5)
 
 
 def test_guard_baseline_leaves_out_compute_phases_that_inference_touched():

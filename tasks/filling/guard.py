@@ -2,14 +2,16 @@
 
 Inference can only hurt training by spilling past a bubble into the compute phase, so the guard
 watches the compute time (compute_start -> compute_end), not the whole step: the communication
-phase follows the network and would drown the signal. The solo baseline is the median of
-`calibration_steps` clean compute phases - ones no inference chunk overlapped (the gate starts no
-offline chunk while the guard calibrates; online requests are still served, and the compute phases
-they touch are left out). It is taken at the start and again every `rebaseline_every` steps, because a shared
-machine's background load drifts and a stale baseline would blame that drift on inference (and
-shrink the budget to nothing). Between calibrations, when the median of the last `window` compute
-times exceeds baseline * (1 + tolerance), the budget (the fraction of a predicted bubble that
-inference may use) is multiplied by `decrease`; otherwise it grows by `increase`.
+phase follows the network and would drown the signal. The solo baseline is the median of the last
+`calibration_steps` clean compute phases - ones no inference chunk overlapped. Clean phases keep
+coming while the filler works (most chunks end inside their bubble), so the baseline follows the
+shared machine's background load minute by minute instead of blaming its drift on inference.
+Only the phases inference touched are judged: when the median of the last `window` of them
+exceeds baseline * (1 + tolerance), the budget (the fraction of a predicted bubble that inference
+may use) is multiplied by `decrease`; every other phase grows it by `increase`. When fewer than
+`calibration_steps` clean phases came in `rebaseline_every` steps, the guard calibrates: the gate
+starts no offline chunk until that many clean phases were seen (online requests are still
+served, and the phases they touch are left out). It does so at the start, too.
 """
 from __future__ import annotations
 
@@ -31,33 +33,42 @@ class StepTimeGuard:
         self.budget = 1.0
         self.baseline_s: float | None = None
         self.shrinks = 0
-        self.calibrating = True  # the gate admits nothing while this is true
-        self._calibration: list[float] = []
-        self._since_baseline = 0
-        self._recent: deque[float] = deque(maxlen=window)
+        self.calibrating = True  # the gate admits no offline chunk while this is true
+        self._clean: deque[float] = deque(maxlen=calibration_steps)
+        self._clean_since_check = 0
+        self._since_check = 0
+        self._touched: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
 
     def observe_compute_s(self, compute_s: float, clean: bool = True) -> None:
         """One compute phase; `clean`: no inference chunk ran during it."""
         with self._lock:
+            if clean:
+                self._clean.append(compute_s)
+                self._clean_since_check += 1
+                if len(self._clean) >= self.calibration_steps:
+                    self.baseline_s = statistics.median(self._clean)
             if self.calibrating:
-                if not clean:
-                    return
-                self._calibration.append(compute_s)
-                if len(self._calibration) >= self.calibration_steps:
-                    self.baseline_s = statistics.median(self._calibration)
-                    self._calibration.clear()
-                    self._recent.clear()
-                    self._since_baseline = 0
-                    self.calibrating = False
+                if self._clean_since_check >= self.calibration_steps:
+                    self._start_period()
                 return
-            self._recent.append(compute_s)
-            if statistics.median(self._recent) > self.baseline_s * (1 + self.tolerance):
+            if not clean:
+                self._touched.append(compute_s)
+            if not clean and statistics.median(self._touched) > self.baseline_s * (1 + self.tolerance):
                 self.budget = max(self.floor, self.budget * self.decrease)
                 self.shrinks += 1
-                self._recent.clear()  # judge the shrunk budget on fresh steps
+                self._touched.clear()  # judge the shrunk budget on fresh steps
             else:
                 self.budget = min(1.0, self.budget + self.increase)
-            self._since_baseline += 1
-            if self._since_baseline >= self.rebaseline_every:
-                self.calibrating = True
+            self._since_check += 1
+            if self._since_check >= self.rebaseline_every:
+                if self._clean_since_check >= self.calibration_steps:
+                    self._start_period()  # the baseline is fresh: no need to stop offline work
+                else:
+                    self.calibrating = True
+                    self._clean_since_check = 0
+
+    def _start_period(self) -> None:
+        self.calibrating = False
+        self._since_check = 0
+        self._clean_since_check = 0
