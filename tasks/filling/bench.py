@@ -241,7 +241,7 @@ def _served(blocks: list[dict]) -> int:
     return sum(len(b["latencies_s"]) for b in blocks)
 
 
-def _plot(result: dict, artifact: Path = ARTIFACT) -> str | None:
+def _plot(result: dict, artifact: Path) -> str | None:
     try:
         import matplotlib
 

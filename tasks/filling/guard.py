@@ -54,12 +54,12 @@ class StepTimeGuard:
                 return
             if not clean:
                 self._touched.append(compute_s)
-            if not clean and statistics.median(self._touched) > self.baseline_s * (1 + self.tolerance):
+            if clean or statistics.median(self._touched) <= self.baseline_s * (1 + self.tolerance):
+                self.budget = min(1.0, self.budget + self.increase)
+            else:
                 self.budget = max(self.floor, self.budget * self.decrease)
                 self.shrinks += 1
                 self._touched.clear()  # judge the shrunk budget on fresh steps
-            else:
-                self.budget = min(1.0, self.budget + self.increase)
             self._since_check += 1
             if self._since_check >= self.rebaseline_every:
                 if self._clean_since_check >= self.calibration_steps:
