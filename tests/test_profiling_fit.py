@@ -252,3 +252,41 @@ def test_time_on_schedule_matches_merging_every_workers_updates():
         assert time_on_schedule(k, list(starts), list(periods)) == pytest.approx(events[k - 1] - starts.min(), abs=1e-9)
 
 
+
+
+def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypatch, shipped_profile_path):
+    """Every configuration once per round: a slow spell lands on different configurations."""
+    from tasks import profile as profile_module
+    from tasks.profiling import validate
+
+    profile = profile_module.load_profile(shipped_profile_path)
+    calls = []
+
+    def fake_run_once(provider, run_id, profile, workload, prediction, loss_target, **kwargs):
+        calls.append((run_id, dict(prediction.cluster)))
+        seconds = 10.0 + len(calls)  # every run a different length, so the means are checkable
+        return validate.RunObservation(
+            observed_time_s=seconds, observed_iterations=100 + len(calls), predicted_time_s=11.0, baseline_time_s=9.0,
+            speed_time_s=10.5, baseline_speed_time_s=8.5, observed_iteration_time_s=0.1, start_skew_s=0.5, wall_s=seconds)
+
+    monkeypatch.setattr(validate, "run_once", fake_run_once)
+    a, b = {"p3.2xlarge": 2}, {"p3.2xlarge": 1, "g3.8xlarge": 2}
+    seen = []
+    report = validate.validate_profile(None, profile, "transformer-lm", [a, b], 1.9, run_id="v", repeats=2,
+                                       on_run=lambda cluster, run: seen.append(cluster))
+    assert calls == [("v-v0-r0", a), ("v-v1-r0", b), ("v-v0-r1", a), ("v-v1-r1", b)]
+    assert seen == [a, b, a, b]
+    first, second = report.configs
+    assert first.cluster == a and first.observed_time_s == pytest.approx((11.0 + 13.0) / 2)
+    assert second.observed_iterations == pytest.approx((102 + 104) / 2)
+    assert second.time_error == pytest.approx(abs(11.0 - 13.0) / 13.0)
+
+
+def test_validation_refuses_an_unreachable_target_before_any_run(monkeypatch, shipped_profile_path):
+    from tasks import profile as profile_module
+    from tasks.profiling import validate
+
+    profile = profile_module.load_profile(shipped_profile_path)
+    monkeypatch.setattr(validate, "run_once", lambda *a, **k: pytest.fail("no run may start"))
+    with pytest.raises(ProfilingError, match="unreachable: the fitted loss curve never goes below gamma5"):
+        validate.validate_profile(None, profile, "transformer-lm", [{"p3.2xlarge": 2}], profile.loss.gamma5 - 0.1)

@@ -17,13 +17,16 @@ iteration times (the speed and contention model alone); `time_error` uses the pr
 
 The model predicts the expected time; one run lands a few percent off it (async update order, data
 sampling: about 2-6% in iterations at the presets' target). With `repeats` > 1 each configuration
-trains that many times, one run after another; the observed and predicted values are the means over
-its runs, and every run's own numbers are kept (`runs`), so the spread is visible.
+trains that many times, in rounds (every configuration once, then every one again: a slow spell of
+the shared machine then spreads over configurations instead of landing on both runs of one); the
+observed and predicted values are the means over its runs, and every run's own numbers are kept
+(`runs`), so the spread is visible.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -133,15 +136,15 @@ def _relative(predicted: float, observed: float) -> float:
     return abs(predicted - observed) / observed
 
 
-def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
-             loss_target: float, models: tuple[Model, Model], iterations: tuple[float, float], *,
-             workload_options: dict | None = None, ps_megabits_per_s: float | None = None,
+def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, prediction: ConfigPrediction,
+             loss_target: float, *, workload_options: dict | None = None, ps_megabits_per_s: float | None = None,
              timeout_s: float = 600.0) -> RunObservation:
-    """Train `cluster` once until the PS's smoothed loss reaches `loss_target`; `models` are the
-    model and the contention-blind baseline, `iterations` what each predicts for the cluster."""
+    """Train the predicted cluster once until the PS's smoothed loss reaches `loss_target`, and
+    replay both predictions on the run's start schedule."""
     from tasks.runtime.driver import add_workers, start_run, stop_run
 
-    (model, blind), (model_iterations, blind_iterations) = models, iterations
+    cluster = prediction.cluster
+    (model, blind), (model_iterations, blind_iterations) = prediction.models, prediction.iterations
     started_s = time.monotonic()
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
                     ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
@@ -186,38 +189,45 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, c
     )
 
 
-def run_config(provider: Provider, run_id: str, profile: Profile, workload: str, cluster: dict[str, int],
-               loss_target: float, *, repeats: int = 1, workload_options: dict | None = None,
-               ps_megabits_per_s: float | None = None, timeout_s: float = 600.0,
-               on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ConfigResult:
-    """Train `cluster` to the target `repeats` times and score the means against the model;
-    `on_run(cluster, run)` after each run (progress)."""
+@dataclass(frozen=True)
+class ConfigPrediction:
+    """What the model and the contention-blind baseline say of one configuration, before it runs."""
+
+    cluster: dict[str, int]
+    models: tuple[Model, Model]  # (spotfill model, contention-blind)
+    iterations: tuple[float, float]  # predicted updates to the target, by each
+    iteration_time_s: float  # Texp of the model
+    steady_time_s: float  # iterations * Texp, without the start schedule
+
+
+def predict_config(profile: Profile, cluster: dict[str, int], loss_target: float) -> ConfigPrediction:
+    if loss_target <= profile.loss.gamma5:
+        raise ProfilingError(f"loss target {loss_target} is unreachable: the fitted loss curve never goes below "
+                             f"gamma5 = {profile.loss.gamma5:.4g}")
     model, blind = Model.from_profile(profile), contention_blind(profile)
     counts = model.counts_vector(cluster)
     predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
     if not np.isfinite(predicted["iterations"]):
         raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
                              f"(gamma5 = {profile.loss.gamma5:.4g})")
-    iterations = (predicted["iterations"], float(blind.evaluate(counts, loss_target)["iterations"][0]))
-    runs = []
-    for k in range(repeats):
-        runs.append(run_once(provider, f"{run_id}-r{k}", profile, workload, cluster, loss_target,
-                             (model, blind), iterations, workload_options=workload_options,
-                             ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s))
-        if on_run is not None:
-            on_run(cluster, runs[-1])
+    return ConfigPrediction(cluster=cluster, models=(model, blind),
+                            iterations=(predicted["iterations"], float(blind.evaluate(counts, loss_target)["iterations"][0])),
+                            iteration_time_s=predicted["iteration_time_s"], steady_time_s=predicted["time_s"])
 
+
+def score_config(prediction: ConfigPrediction, runs: list[RunObservation]) -> ConfigResult:
+    """A configuration's observed means over its runs against the predictions."""
     def mean(field: str) -> float:
         return statistics.fmean(getattr(r, field) for r in runs)
 
     observed_time_s = mean("observed_time_s")
     return ConfigResult(
-        cluster=cluster, predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
+        cluster=prediction.cluster, predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
         time_error=_relative(mean("predicted_time_s"), observed_time_s),
-        predicted_iterations=predicted["iterations"], observed_iterations=mean("observed_iterations"),
-        iterations_error=_relative(predicted["iterations"], mean("observed_iterations")),
-        predicted_iteration_time_s=predicted["iteration_time_s"],
-        observed_iteration_time_s=mean("observed_iteration_time_s"), predicted_steady_time_s=predicted["time_s"],
+        predicted_iterations=prediction.iterations[0], observed_iterations=mean("observed_iterations"),
+        iterations_error=_relative(prediction.iterations[0], mean("observed_iterations")),
+        predicted_iteration_time_s=prediction.iteration_time_s,
+        observed_iteration_time_s=mean("observed_iteration_time_s"), predicted_steady_time_s=prediction.steady_time_s,
         baseline_time_s=mean("baseline_time_s"), baseline_time_error=_relative(mean("baseline_time_s"), observed_time_s),
         speed_time_error=_relative(mean("speed_time_s"), observed_time_s),
         baseline_speed_time_error=_relative(mean("baseline_speed_time_s"), observed_time_s),
@@ -230,8 +240,10 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
                      ps_megabits_per_s: float | None = None, parallel: int = 1, repeats: int = 1,
                      timeout_s: float = 600.0, fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None,
                      on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ValidationReport:
-    """Run every configuration to the loss target `repeats` times (`parallel` configurations at a
-    time) and score the model."""
+    """Run every configuration to the loss target `repeats` times and score the model. The runs go
+    in rounds, every configuration once per round (`parallel` of them at a time), so a slow spell
+    of the machine lands on runs of different configurations rather than on all runs of one;
+    `on_run(cluster, run)` after each run (progress)."""
     if not configs:
         raise ProfilingError("no validation configurations given")
     if repeats < 1:
@@ -239,17 +251,24 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
     held_in = [c for c in configs if fitted_clusters and _same(c, fitted_clusters)]
     if held_in:
         raise ProfilingError(f"validation configuration {held_in[0]} was used for fitting; validate on held-out ones")
+    predictions = [predict_config(profile, cluster, loss_target) for cluster in configs]  # fails before any run
     started_s = time.monotonic()
     run_id = run_id or fresh_run_id("validate")
 
-    def one(k_cluster):
-        k, cluster = k_cluster
-        return run_config(provider, f"{run_id}-v{k}", profile, workload, cluster, loss_target, repeats=repeats,
-                          workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s,
-                          on_run=on_run)
+    def one(job: tuple[int, int]) -> RunObservation:
+        round_k, k = job
+        run = run_once(provider, f"{run_id}-v{k}-r{round_k}", profile, workload, predictions[k], loss_target,
+                       workload_options=workload_options, ps_megabits_per_s=ps_megabits_per_s, timeout_s=timeout_s)
+        if on_run is not None:
+            on_run(configs[k], run)
+        return run
 
+    runs: list[list[RunObservation]] = [[] for _ in configs]
     with ThreadPoolExecutor(max(1, parallel)) as pool:
-        results = list(pool.map(one, enumerate(configs)))
+        for round_k in range(repeats):
+            for k, run in enumerate(pool.map(one, [(round_k, k) for k in range(len(configs))])):
+                runs[k].append(run)
+    results = [score_config(p, r) for p, r in zip(predictions, runs)]
     report = ValidationReport(
         workload=workload, loss_target=loss_target, configs=results,
         median_time_error=statistics.median(r.time_error for r in results),
