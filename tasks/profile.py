@@ -31,6 +31,12 @@ class LossCurve(BaseModel):
     gamma4: float | None = Field(gt=0)  # null selects the prototype's form without R
     gamma5: float
 
+    def require_reachable(self, loss_target: float) -> None:
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (model.md)."""
+        if loss_target <= self.gamma5:
+            raise UserInputError(
+                f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")
+
 
 class InstanceProfile(BaseModel):
     model_config = _CONFIG

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from tasks.errors import UserInputError
 from tasks.model import Model
 from tasks.profiling.clusters import smoothed_losses, worker_observations
 from tasks.profiling.fit import (
@@ -252,8 +253,6 @@ def test_time_on_schedule_matches_merging_every_workers_updates():
         assert time_on_schedule(k, list(starts), list(periods)) == pytest.approx(events[k - 1] - starts.min(), abs=1e-9)
 
 
-
-
 def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypatch, shipped_profile_path):
     """Every configuration once per round: a slow spell lands on different configurations."""
     from tasks import profile as profile_module
@@ -288,5 +287,5 @@ def test_validation_refuses_an_unreachable_target_before_any_run(monkeypatch, sh
 
     profile = profile_module.load_profile(shipped_profile_path)
     monkeypatch.setattr(validate, "run_once", lambda *a, **k: pytest.fail("no run may start"))
-    with pytest.raises(ProfilingError, match="unreachable: the fitted loss curve never goes below gamma5"):
+    with pytest.raises(UserInputError, match="unreachable: the fitted loss curve never goes below gamma5"):
         validate.validate_profile(None, profile, "transformer-lm", [{"p3.2xlarge": 2}], profile.loss.gamma5 - 0.1)

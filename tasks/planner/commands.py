@@ -43,9 +43,7 @@ def predict(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     if not args.cluster or sum(args.cluster.values()) == 0:
         raise UserInputError("--cluster names no instance (expected TYPE=N with N > 0)")
-    if args.loss <= profile.loss.gamma5:
-        raise UserInputError(
-            f"loss target {args.loss} is unreachable: the fitted loss curve never goes below gamma5 = {profile.loss.gamma5}")
+    profile.loss.require_reachable(args.loss)
     if args.bandwidth_margin >= 1:
         raise UserInputError(f"--bandwidth-margin must be below 1, got {args.bandwidth_margin}")
     model = Model.from_profile(profile, args.bandwidth_margin)

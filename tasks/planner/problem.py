@@ -113,10 +113,7 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(f"deadline must be a positive number of seconds, got {req.deadline_s}")
     if not math.isfinite(req.loss_target):
         raise UserInputError(f"loss target must be a finite number, got {req.loss_target}")
-    if req.loss_target <= g5:
-        raise UserInputError(
-            f"loss target {req.loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {g5}"
-        )
+    profile.loss.require_reachable(req.loss_target)
     if req.current_loss is not None:
         if not math.isfinite(req.current_loss) or req.current_loss <= g5:
             raise UserInputError(f"current loss must be a finite number above gamma5 = {g5}, got {req.current_loss}")

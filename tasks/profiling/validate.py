@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -201,9 +201,7 @@ class ConfigPrediction:
 
 
 def predict_config(profile: Profile, cluster: dict[str, int], loss_target: float) -> ConfigPrediction:
-    if loss_target <= profile.loss.gamma5:
-        raise ProfilingError(f"loss target {loss_target} is unreachable: the fitted loss curve never goes below "
-                             f"gamma5 = {profile.loss.gamma5:.4g}")
+    profile.loss.require_reachable(loss_target)
     model, blind = Model.from_profile(profile), contention_blind(profile)
     counts = model.counts_vector(cluster)
     predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
