@@ -253,7 +253,7 @@ def test_time_on_schedule_matches_merging_every_workers_updates():
         assert time_on_schedule(k, list(starts), list(periods)) == pytest.approx(events[k - 1] - starts.min(), abs=1e-9)
 
 
-def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypatch, shipped_profile_path):
+def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypatch, shipped_profile_path, tmp_path):
     """Every configuration once per round: a slow spell lands on different configurations."""
     from tasks import profile as profile_module
     from tasks.profiling import validate
@@ -272,13 +272,15 @@ def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypat
     a, b = {"p3.2xlarge": 2}, {"p3.2xlarge": 1, "g3.8xlarge": 2}
     seen = []
     report = validate.validate_profile(None, profile, "transformer-lm", [a, b], 1.9, run_id="v", repeats=2,
-                                       on_run=lambda cluster, run: seen.append(cluster))
+                                       on_run=lambda cluster, run: seen.append(cluster), plot_path=tmp_path / "v.png")
     assert calls == [("v-v0-r0", a), ("v-v1-r0", b), ("v-v0-r1", a), ("v-v1-r1", b)]
     assert seen == [a, b, a, b]
     first, second = report.configs
     assert first.cluster == a and first.observed_time_s == pytest.approx((11.0 + 13.0) / 2)
     assert second.observed_iterations == pytest.approx((102 + 104) / 2)
     assert second.time_error == pytest.approx(abs(11.0 - 13.0) / 13.0)
+    assert report.plot == str(tmp_path / "v.png") and (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.png"]  # written whole, nothing beside it
 
 
 def test_validation_refuses_an_unreachable_target_before_any_run(monkeypatch, shipped_profile_path):

@@ -288,32 +288,67 @@ def _same(cluster: dict[str, int], others: list[dict[str, int]]) -> bool:
     return any(norm == {t: n for t, n in o.items() if n} for o in others)
 
 
+def _short(cluster: dict[str, int]) -> str:
+    """p3.2xlarge=1, g3.8xlarge=2 -> p3=1,g3=2 (the plot's labels)."""
+    return ",".join(f"{t.split('.')[0]}={n}" for t, n in cluster.items())
+
+
 def plot_validation(report: ValidationReport, path: Path) -> Path:
-    """Predicted against observed training time, model and contention-blind baseline (PNG)."""
+    """Two panels (PNG): predicted against observed training time, the model's points with each
+    configuration's run-to-run range and the contention-blind baseline, inside the +-10% band; and
+    each configuration's signed errors (time, iterations, speed model alone)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from tasks.atomic import atomic_write_bytes
-    import io
 
-    observed = [r.observed_time_s for r in report.configs]
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    ax.scatter(observed, [r.predicted_time_s for r in report.configs], label="spotfill model", zorder=3)
-    ax.scatter(observed, [r.baseline_time_s for r in report.configs], marker="x", label="contention-blind", zorder=3)
-    for r in report.configs:
-        ax.annotate(",".join(f"{t}={n}" for t, n in r.cluster.items()), (r.observed_time_s, r.predicted_time_s),
-                    fontsize=6, xytext=(3, 3), textcoords="offset points")
-    top = max(observed + [r.predicted_time_s for r in report.configs] + [r.baseline_time_s for r in report.configs]) * 1.1
-    ax.plot([0, top], [0, top], color="grey", lw=0.8, label="predicted = observed")
-    ax.set_xlim(0, top)
-    ax.set_ylim(0, top)
+    configs = report.configs
+    observed = np.array([r.observed_time_s for r in configs])
+    predicted = np.array([r.predicted_time_s for r in configs])
+    baseline = np.array([r.baseline_time_s for r in configs])
+    run_times = [[run.observed_time_s for run in r.runs] for r in configs]
+    spread = np.array([[o - min(t) for o, t in zip(observed, run_times)], [max(t) - o for o, t in zip(observed, run_times)]])
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+
+    low = 0.85 * min(observed.min(), predicted.min(), baseline.min())
+    high = 1.1 * max(observed.max(), predicted.max(), baseline.max())
+    line = np.array([low, high])
+    ax.plot(line, line, color="grey", lw=0.8, label="predicted = observed")
+    ax.fill_between(line, 0.9 * line, 1.1 * line, color="grey", alpha=0.12, label="within 10%")
+    ax.errorbar(observed, predicted, xerr=spread, fmt="o", color="C0", capsize=2, zorder=3,
+                label="spotfill model (runs' range)")
+    ax.scatter(observed, baseline, marker="x", color="C1", zorder=3, label="contention-blind")
+    for r, x, y in zip(configs, observed, predicted):
+        ax.annotate(_short(r.cluster), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
     ax.set_xlabel("observed training time to target (s)")
     ax.set_ylabel("predicted (s)")
-    ax.set_title(f"{report.workload} to loss {report.loss_target:g}: median error "
-                 f"{report.median_time_error:.1%} (blind {report.baseline_median_time_error:.1%})", fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_title(f"{report.workload} to loss {report.loss_target:g}: time error median "
+                 f"{report.median_time_error:.1%}, max {report.max_time_error:.1%} "
+                 f"(blind {report.baseline_median_time_error:.1%}, {report.baseline_max_time_error:.1%})", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
+
+    signed = {
+        "time": (predicted - observed) / observed,
+        "iterations": np.array([(r.predicted_iterations - r.observed_iterations) / r.observed_iterations for r in configs]),
+        "speed model alone": np.array([statistics.fmean(run.speed_time_s for run in r.runs) for r in configs]) / observed - 1,
+    }
+    x = np.arange(len(configs))
+    width = 0.8 / len(signed)
+    for k, (name, values) in enumerate(signed.items()):
+        bars.bar(x + (k - 1) * width, 100 * values, width, label=name)
+    for level in (-10, 10):
+        bars.axhline(level, color="grey", lw=0.8, ls="--")
+    bars.axhline(0, color="black", lw=0.6)
+    bars.set_xticks(x, [_short(r.cluster) for r in configs], rotation=30, ha="right", fontsize=7)
+    bars.set_ylabel("predicted - observed (% of observed)")
+    bars.set_title(f"per configuration (iterations error median {report.median_iterations_error:.1%})", fontsize=8)
+    bars.legend(fontsize=7)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
