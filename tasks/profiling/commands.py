@@ -96,6 +96,7 @@ def _validate(args) -> int:
     from tasks.cli import print_json
     from tasks.errors import UserInputError
     from tasks.profile import load_profile
+    from tasks.profiling.measurements import cluster_label
     from tasks.profiling.validate import validate_profile
     from tasks.progress import ProgressBar
 
@@ -115,7 +116,7 @@ def _validate(args) -> int:
             workload_options=preset.workload_options, ps_megabits_per_s=emulation["ps_megabits_per_s"],
             parallel=args.parallel or preset.parallel, repeats=repeats, fitted_clusters=list(preset.fit_clusters),
             plot_path=args.artifacts_dir / f"validation-{preset.name}.png",
-            on_run=lambda cluster, run: bar.advance(note=f"{_label(cluster)}: {run.observed_iterations} updates, "
+            on_run=lambda cluster, run: bar.advance(note=f"{cluster_label(cluster)}: {run.observed_iterations} updates, "
                                                           f"{run.observed_time_s:.1f} s"),
         )
     result = {"profile": str(path), **report.model_dump(), "total_wall_s": time.monotonic() - started_s}
@@ -125,7 +126,7 @@ def _validate(args) -> int:
     print(f"profile {path}, loss target {loss:g}")
     print(f"{'cluster':<34} {'pred s':>8} {'obs s':>8} {'err':>6} {'pred it':>8} {'obs it':>7} {'err':>6} {'blind s':>8} {'err':>6}")
     for r in report.configs:
-        print(f"{_label(r.cluster):<34} {r.predicted_time_s:8.1f} {r.observed_time_s:8.1f} {r.time_error:6.1%} "
+        print(f"{cluster_label(r.cluster):<34} {r.predicted_time_s:8.1f} {r.observed_time_s:8.1f} {r.time_error:6.1%} "
               f"{r.predicted_iterations:8.0f} {r.observed_iterations:7.1f} {r.iterations_error:6.1%} "
               f"{r.baseline_time_s:8.1f} {r.baseline_time_error:6.1%}")
     print(f"median time error {report.median_time_error:.1%} (max {report.max_time_error:.1%}); "
@@ -135,10 +136,6 @@ def _validate(args) -> int:
           f"contention-blind {report.baseline_median_speed_time_error:.1%}")
     print(f"plot: {report.plot}")
     return 0
-
-
-def _label(cluster: dict[str, int]) -> str:
-    return ",".join(f"{t}={n}" for t, n in cluster.items())
 
 
 def _profile_with_progress(provider, emulation, preset, directory, force=False):

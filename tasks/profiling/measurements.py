@@ -16,6 +16,11 @@ class ProfilingError(UserInputError):
     """A profiling run or fit cannot give a trustworthy number; the message names the cause."""
 
 
+def cluster_label(cluster: dict[str, int], short: bool = False) -> str:
+    """{"p3.2xlarge": 1, "g3.8xlarge": 2} -> "p3.2xlarge=1,g3.8xlarge=2" (short: "p3=1,g3=2", for plots)."""
+    return ",".join(f"{t.split('.')[0] if short else t}={n}" for t, n in cluster.items())
+
+
 def megabits_to_mbps(megabits_per_s: float) -> float:
     """Megabits per second (network units) -> megabytes per second (the profile's `_mbps`)."""
     return megabits_per_s / 8.0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tasks.atomic import atomic_write_json
 from tasks.profiling.fit import FittedProfile
-from tasks.profiling.measurements import ClusterMeasurement, TypeMeasurement
+from tasks.profiling.measurements import ClusterMeasurement, TypeMeasurement, cluster_label
 
 REPO = Path(__file__).resolve().parents[2]
 CODE_SOURCES = ("tasks/profiling", "tasks/runtime", "tasks/providers/local.py")
@@ -87,15 +87,11 @@ def raw_frames(raw: RawMeasurements) -> dict:
 
     types = pd.DataFrame([m.model_dump(exclude={"steps", "memory_points"}) for m in raw.types])
     steps = pd.DataFrame([{"type": m.type, **s} for m in raw.types for s in m.steps])
-    workers = pd.DataFrame([{"cluster": _label(c.cluster), "n": c.n, **w.model_dump()}
+    workers = pd.DataFrame([{"cluster": cluster_label(c.cluster), "n": c.n, **w.model_dump()}
                             for c in raw.clusters for w in c.workers])
-    losses = pd.DataFrame([{"cluster": _label(c.cluster), "update": j, "smoothed_loss": loss}
+    losses = pd.DataFrame([{"cluster": cluster_label(c.cluster), "update": j, "smoothed_loss": loss}
                            for c in raw.clusters for j, loss in c.losses])
     return {"types.csv": types, "type_steps.csv": steps, "cluster_workers.csv": workers, "cluster_losses.csv": losses}
-
-
-def _label(cluster: dict[str, int]) -> str:
-    return ",".join(f"{t}={n}" for t, n in cluster.items())
 
 
 def save_profile(fitted: FittedProfile, raw: RawMeasurements, directory: str | Path = "profiles", *,

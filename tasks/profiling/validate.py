@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 from tasks.model import Model
 from tasks.profile import Profile
-from tasks.profiling.measurements import ProfilingError
+from tasks.profiling.measurements import ProfilingError, cluster_label
 from tasks.profiling.runs import check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
 
@@ -288,11 +288,6 @@ def _same(cluster: dict[str, int], others: list[dict[str, int]]) -> bool:
     return any(norm == {t: n for t, n in o.items() if n} for o in others)
 
 
-def _short(cluster: dict[str, int]) -> str:
-    """p3.2xlarge=1, g3.8xlarge=2 -> p3=1,g3=2 (the plot's labels)."""
-    return ",".join(f"{t.split('.')[0]}={n}" for t, n in cluster.items())
-
-
 def plot_validation(report: ValidationReport, path: Path) -> Path:
     """Two panels (PNG): predicted against observed training time, the model's points with each
     configuration's run-to-run range and the contention-blind baseline, inside the +-10% band; and
@@ -323,7 +318,7 @@ def plot_validation(report: ValidationReport, path: Path) -> Path:
                 label="spotfill model (runs' range)")
     ax.scatter(observed, baseline, marker="x", color="C1", zorder=3, label="contention-blind")
     for r, x, y in zip(configs, observed, predicted):
-        ax.annotate(_short(r.cluster), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(cluster_label(r.cluster, short=True), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     ax.set_xlabel("observed training time to target (s)")
@@ -345,7 +340,7 @@ def plot_validation(report: ValidationReport, path: Path) -> Path:
     for level in (-10, 10):
         bars.axhline(level, color="grey", lw=0.8, ls="--")
     bars.axhline(0, color="black", lw=0.6)
-    bars.set_xticks(x, [_short(r.cluster) for r in configs], rotation=30, ha="right", fontsize=7)
+    bars.set_xticks(x, [cluster_label(r.cluster, short=True) for r in configs], rotation=30, ha="right", fontsize=7)
     bars.set_ylabel("predicted - observed (% of observed)")
     bars.set_title(f"per configuration (iterations error median {report.median_iterations_error:.1%})", fontsize=8)
     bars.legend(fontsize=7)
