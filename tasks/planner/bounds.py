@@ -13,28 +13,33 @@ price P = sum n_m p_m are linear in the counts. Time is j / X and cost is j * P 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from tasks.profile import Profile
 
 
-def greedy_fill_suffixes(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, n: int) -> np.ndarray:
-    """Greedy fills for every suffix k of the types at once: row k, column rem is the best
-    (take_best "max" or "min") sum of `values` over counts of types k.. within [lower, lower +
-    extra] that add up to rem (0 <= rem <= n); columns beyond the suffix's capacity are not
-    meaningful (callers rule them out)."""
-    m = len(values)
-    order = np.argsort(-values if take_best == "max" else values, kind="stable")
-    in_suffix = order[None, :] >= np.arange(m)[:, None]  # M x M: type order[j] belongs to suffix k
-    cap = np.where(in_suffix, extra[order], 0).astype(float)
-    before = np.cumsum(cap, axis=1) - cap
-    lower_sum = np.where(in_suffix, lower[order], 0).sum(axis=1)
-    forced = np.where(in_suffix, (lower * values)[order], 0.0).sum(axis=1)
-    free = np.arange(n + 1, dtype=float)[None, :] - lower_sum[:, None]  # M x (n+1)
-    take = np.clip(free[:, :, None] - before[:, None, :], 0.0, cap[:, None, :])
-    return forced[:, None] + take @ values[order]
+class SuffixFills:
+    """Greedy fills of every suffix k of the types: `at(k, rem)` is the best (take_best "max" or
+    "min") sum of `values` over counts of types k.. within [lower, lower + extra] adding up to
+    rem (an array); rem beyond the suffix's capacity is not meaningful (callers rule it out).
+
+    A greedy fill is piecewise linear in the count, one segment per type, best first; each
+    suffix's breakpoints are built when first asked for."""
+
+    def __init__(self, values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str):
+        self.values, self.lower, self.extra = values, lower, extra.astype(float)
+        self.order = np.argsort(-values if take_best == "max" else values, kind="stable")
+        self.segments: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}
+
+    def at(self, k: int, rem: np.ndarray) -> np.ndarray:
+        if k not in self.segments:
+            mine = self.order[(self.order >= k) & (self.extra[self.order] > 0)]
+            cap = self.extra[mine]
+            xp = np.concatenate([[0.0], np.cumsum(cap)])
+            fp = np.concatenate([[0.0], np.cumsum(cap * self.values[mine])])
+            self.segments[k] = (float(self.lower[k:].sum()), float((self.lower[k:] * self.values[k:]).sum()), xp, fp)
+        lower_sum, forced, xp, fp = self.segments[k]
+        return forced + np.interp(rem - lower_sum, xp, fp, left=0.0)
 
 
 def max_rate_by_size(rates: np.ndarray, lower: np.ndarray, upper: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -55,8 +60,7 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     model, req = problem.model, problem.request
     usable = problem.upper > 0
     b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
-    j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
-                     for n in sizes])
+    j_lo = IterationBound(req.profile, sizes.astype(float), req.loss_target, req.current_loss).lower(b_lo, b_hi)
     rates = 1.0 / model.iteration_times_s(sizes.astype(float))
     x_max = max_rate_by_size(rates, problem.lower, problem.upper, sizes)
     ratio_min = (model.prices_usd_per_h[usable] / rates[:, usable]).min(axis=1)
@@ -64,12 +68,12 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 class IterationBound:
-    """Lower bounds on iterations j for clusters of one size n, as plain floats (hot loop)."""
+    """Lower bounds on iterations j for clusters of one size n (or an array of sizes)."""
 
-    def __init__(self, profile: Profile, n: float, loss_target: float, current_loss: float | None):
+    def __init__(self, profile: Profile, n, loss_target: float, current_loss: float | None):
         g = profile.loss
         self.gamma2, self.gamma3 = g.gamma2, g.gamma3
-        spread_at_r0 = math.sqrt(n) if g.gamma4 is None else math.sqrt(max(g.gamma4, 0.0) * n)
+        spread_at_r0 = np.sqrt(n) if g.gamma4 is None else np.sqrt(max(g.gamma4, 0.0) * n)
         if current_loss is None:
             self.scale = spread_at_r0 / (loss_target - g.gamma5)
             self.offset = g.gamma1
@@ -77,8 +81,8 @@ class IterationBound:
             self.scale = spread_at_r0 * (1.0 / (loss_target - g.gamma5) - 1.0 / (current_loss - g.gamma5))
             self.offset = 0.0
 
-    def lower(self, batch_lo: float, batch_hi: float) -> float:
-        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0)."""
+    def lower(self, batch_lo, batch_hi):
+        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays."""
         batch = batch_hi if self.gamma2 < 0 else batch_lo
-        numerator = max(self.gamma2 * batch + self.gamma3, 0.0)
-        return max(numerator * self.scale - self.offset, 0.0)
+        numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
+        return np.maximum(numerator * self.scale - self.offset, 0.0)

@@ -3,11 +3,20 @@
 Why per n: the contention term makes every T_m depend on the cluster size alone, so with n fixed
 the rates and prices are linear in the counts and tight bounds follow (bounds.py). Sizes are
 visited in the order of their lower bound and the search stops once that bound exceeds the
-incumbent, so there is no guessed cap on n. Inside one size a depth-first search fixes the counts
-of the types (largest batch first, so the WA-batch interval narrows early) and prunes every prefix
-whose bound cannot beat the incumbent or meet the deadline; the last two types are scored together
-in one vectorised call. Every bound is valid, so the answer is optimal; the search is seeded with
-the heuristic's plan, so it is never worse than the heuristic.
+incumbent, so there is no guessed cap on n. Inside one size the search fixes the counts of the
+types in order (largest batch first, so the WA-batch interval narrows early), a whole level of
+partial clusters at a time as numpy arrays (depth-first over chunks when a level grows large, so
+the incumbent tightens as it goes), and prunes every prefix whose bound cannot beat the incumbent
+or meet the deadline. Every bound is valid, so the answer is optimal.
+
+Two things make the bounds bite early:
+- Dominated offers: offers with the same hardware (the same type in several regions, or types
+  with the same GPUs and batch) are twins that differ only in price. Swapping an instance to a
+  cheaper twin changes nothing but the cost, so a twin is only used beyond its existing count
+  once every cheaper twin is full; twins then cost no more branching than one type.
+- A seeded incumbent: before any search, the greedy clusters of every size (filled fastest
+  first, best price per rate first, and one type at a time) are scored in one vectorised pass,
+  besides the caller's incumbent (the heuristic's plan, so exact is never worse than it).
 """
 from __future__ import annotations
 
@@ -16,11 +25,11 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, greedy_fill_suffixes, size_bounds
+from tasks.planner.bounds import IterationBound, SuffixFills, size_bounds
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
-_FLUSH_ROWS = 4096
+_CHUNK_ROWS = 1 << 15
 
 
 @dataclass
@@ -61,12 +70,19 @@ class BranchAndBound:
         self.stats = SearchStats()
         types = problem.model.types
         alone_s = problem.model.iteration_times_s(np.array(1.0))
-        self.order = np.lexsort((alone_s, -types.batch))  # largest batch first, then fastest
+        price = problem.model.prices_usd_per_h
+        name_rank = np.argsort(problem.name_order)
+        # Largest batch first, then fastest; twins (same hardware) cheapest first, then by name,
+        # which is also how ties between twins are broken (Problem.tie_key).
+        self.order = np.lexsort((name_rank, price, types.gpus, types.compute_s, -types.batch))
         self.lower = problem.lower[self.order]
         self.upper = problem.upper[self.order]
         self.batch = types.batch[self.order]
-        self.price = problem.model.prices_usd_per_h[self.order]
+        self.price = price[self.order]
         self.m = len(self.order)
+        hardware = np.stack([types.batch, types.compute_s, types.gpus], axis=1)[self.order]
+        self.twin_of_previous = np.r_[False, (hardware[1:] == hardware[:-1]).all(axis=1)]
+        self.price_fills = SuffixFills(self.price, self.lower, self.upper - self.lower, "min")
         self.lo_suffix = np.concatenate([np.cumsum(self.lower[::-1])[::-1], [0]])
         self.hi_suffix = np.concatenate([np.cumsum(self.upper[::-1])[::-1], [0]])
         # Batch range of the types still usable from each level on.
@@ -74,8 +90,6 @@ class BranchAndBound:
                                 for k in range(self.m + 1)]
         self.suffix_batch_hi = [max((b for b, u in zip(self.batch[k:], self.upper[k:]) if u > 0), default=-np.inf)
                                 for k in range(self.m + 1)]
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0
 
     def run(self) -> None:
         lo_total, hi_total = int(self.lower.sum()), int(self.upper.sum())
@@ -83,96 +97,135 @@ class BranchAndBound:
         j_lo, x_max, ratio_min = size_bounds(self.problem, sizes)
         time_lo, cost_lo = j_lo / x_max, j_lo * ratio_min / 3600.0
         key_lo = cost_lo if self.objective == "cost" else time_lo
+        reachable = time_lo <= self.deadline_s * (1 + COST_TIE_REL)
+        self.seed(sizes[reachable])
         for i in np.argsort(key_lo, kind="stable"):
-            if time_lo[i] > self.deadline_s * (1 + COST_TIE_REL):
+            if not reachable[i]:
                 continue
             if key_lo[i] > self.best.key(self.objective) * (1 + COST_TIE_REL):
                 break  # sizes are visited in bound order: none after this can win
             self.search_size(int(sizes[i]))
-            self.flush()
+
+    def seed(self, sizes: np.ndarray) -> None:
+        """Score the greedy clusters of every size: a good incumbent before the search starts."""
+        if not len(sizes):
+            return
+        rate = 1.0 / self.problem.model.iteration_times_s(np.array(float(np.median(sizes))))[self.order]
+        extra = (self.upper - self.lower).astype(float)
+        free = (sizes - self.lower.sum()).astype(float)
+        fills = []
+        for first in (np.argsort(-rate, kind="stable"), np.argsort(self.price / rate, kind="stable")):
+            cap = extra[first]
+            take = np.clip(free[:, None] - (np.cumsum(cap) - cap)[None, :], 0.0, cap[None, :])
+            rows = np.repeat(self.lower[None, :], len(sizes), axis=0)
+            rows[:, first] += take.astype(np.int64)
+            fills.append(rows)
+        for k in np.flatnonzero(extra > 0):  # one type added to the existing instances
+            fit = free[(free >= 0) & (free <= extra[k])]
+            rows = np.repeat(self.lower[None, :], len(fit), axis=0)
+            rows[:, k] += fit.astype(np.int64)
+            fills.append(rows)
+        rows = np.concatenate(fills)
+        rows = rows[rows.sum(axis=1) > 0]
+        for start in range(0, len(rows), _CHUNK_ROWS):
+            self.consider(rows[start:start + _CHUNK_ROWS])
+
+    def size_rates(self, n: int) -> np.ndarray:
+        """Iteration rate of one instance of each type (search order) in a cluster of n."""
+        return 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order]
 
     def search_size(self, n: int) -> None:
         self.stats.sizes_searched += 1
         req = self.problem.request
-        jb = IterationBound(req.profile, float(n), req.loss_target, req.current_loss)
-        rate_arr = 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order]
+        rate = self.size_rates(n)
         extra = self.upper - self.lower
-        # Best fills of each suffix of the type order, for every remaining count 0..n (as lists:
-        # the search below is scalar Python, where list indexing is far cheaper than numpy's).
-        x_max = greedy_fill_suffixes(rate_arr, self.lower, extra, "max", n).tolist()
-        x_min = greedy_fill_suffixes(rate_arr, self.lower, extra, "min", n).tolist()
-        p_min = greedy_fill_suffixes(self.price, self.lower, extra, "min", n).tolist()
-        ratio = np.where(self.upper > 0, self.price / rate_arr, np.inf)
-        ratio_min = np.minimum.accumulate(ratio[::-1])[::-1].tolist()
-        rate, price, batch = rate_arr.tolist(), self.price.tolist(), self.batch.tolist()
-        lower, upper = self.lower.tolist(), self.upper.tolist()
-        lo_suffix, hi_suffix = self.lo_suffix.tolist(), self.hi_suffix.tolist()
-        b_lo, b_hi = self.suffix_batch_lo, self.suffix_batch_hi
-        counts = np.zeros(self.m, dtype=np.int64)
-        objective = self.objective
+        ratio = np.where(self.upper > 0, self.price / rate, np.inf)
+        level = _SizeLevels(
+            jb=IterationBound(req.profile, float(n), req.loss_target, req.current_loss), rate=rate,
+            # Best fills of each suffix of the type order, for every remaining count 0..n.
+            x_max=SuffixFills(rate, self.lower, extra, "max"), x_min=SuffixFills(rate, self.lower, extra, "min"),
+            p_min=self.price_fills,
+            ratio_min=np.minimum.accumulate(ratio[::-1])[::-1],
+        )
+        zero = np.zeros(1)
+        self.descend(level, 0, np.zeros((1, self.m), dtype=np.int64), np.array([n]), zero, zero, zero)
+
+    def descend(self, lv: "_SizeLevels", k: int, counts: np.ndarray, rem: np.ndarray, x_f: np.ndarray,
+                y_f: np.ndarray, p_f: np.ndarray) -> None:
+        """Fix the counts of types k.. for a batch of prefixes (rows of counts), pruning as it goes."""
         deadline = self.deadline_s * (1 + COST_TIE_REL)
-        last = self.m - 1
-        stats = self.stats
-
-        def descend(k: int, rem: int, x_f: float, y_f: float, p_f: float) -> None:
-            stats.nodes += 1
-            x_ub = x_f + x_max[k][rem]
-            if x_ub <= 0:
+        while True:
+            self.stats.nodes += len(rem)
+            keep = self.bound_holds(lv, k, rem, x_f, y_f, p_f, deadline)
+            c_lo = np.maximum(self.lower[k], rem - self.hi_suffix[k + 1])
+            c_hi = np.minimum(self.upper[k], rem - self.lo_suffix[k + 1])
+            if self.twin_of_previous[k]:  # a dearer twin waits until its cheaper twin is full
+                c_hi = np.where(counts[:, k - 1] < self.upper[k - 1], np.minimum(c_hi, self.lower[k]), c_hi)
+            keep &= c_lo <= c_hi
+            if not keep.all():
+                counts, rem, x_f, y_f, p_f, c_lo, c_hi = (a[keep] for a in (counts, rem, x_f, y_f, p_f, c_lo, c_hi))
+            if not len(rem):
                 return
-            if x_f > 0:
-                # The fixed part's mean batch can only be diluted towards the rest's batches, and
-                # least so when the rest iterates slowest (x_min).
-                mean_b, x_slow = y_f / x_f, x_min[k][rem]
-                hi = mean_b if mean_b <= b_hi[k] else (y_f + b_hi[k] * x_slow) / (x_f + x_slow)
-                lo = mean_b if mean_b >= b_lo[k] else (y_f + b_lo[k] * x_slow) / (x_f + x_slow)
-                j_lo = jb.lower(min(lo, b_lo[k]), max(hi, b_hi[k]))
+            width = c_hi - c_lo + 1
+            if k == self.m - 1:
+                counts[:, k] = c_lo
+                self.consider(counts)
+                return
+            ends = np.cumsum(width)
+            if ends[-1] > _CHUNK_ROWS and len(rem) > 1:  # depth first over chunks of this level
+                cuts = np.searchsorted(ends, np.arange(_CHUNK_ROWS, ends[-1], _CHUNK_ROWS), side="right")
+                for part in np.split(np.arange(len(rem)), np.unique(np.clip(cuts, 1, len(rem) - 1))):
+                    self.descend(lv, k, counts[part], rem[part], x_f[part], y_f[part], p_f[part])
+                return
+            parent = np.repeat(np.arange(len(rem)), width)
+            c = c_lo[parent] + np.arange(ends[-1]) - (ends - width)[parent]
+            counts = counts[parent]
+            counts[:, k] = c
+            r_k = lv.rate[k]
+            rem, x_f = rem[parent] - c, x_f[parent] + c * r_k
+            y_f, p_f = y_f[parent] + c * r_k * self.batch[k], p_f[parent] + c * self.price[k]
+            k += 1
+
+    def bound_holds(self, lv: "_SizeLevels", k: int, rem: np.ndarray, x_f: np.ndarray, y_f: np.ndarray,
+                    p_f: np.ndarray, deadline: float) -> np.ndarray:
+        """Which prefixes (types before k fixed, rem instances left) may still hold a cluster that
+        beats the incumbent within the deadline."""
+        b_lo, b_hi = self.suffix_batch_lo[k], self.suffix_batch_hi[k]
+        x_rest_max, x_rest_min = lv.x_max.at(k, rem), lv.x_min.at(k, rem)
+        x_ub = x_f + x_rest_max
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if k == 0:
+                j_lo = lv.jb.lower(b_lo, b_hi)
+                ratio_lb = np.maximum(lv.p_min.at(k, rem) / x_ub, lv.ratio_min[k])
             else:
-                j_lo = jb.lower(b_lo[k], b_hi[k])
+                # The rest (batches in [b_lo, b_hi], rate in [x_rest_min, x_rest_max]) pulls the
+                # fixed part's mean batch towards its own batches, the more the faster it is.
+                mean_b = y_f / x_f
+
+                def pulled(b: float, towards: np.ndarray) -> np.ndarray:
+                    x = np.where(towards, x_rest_max, x_rest_min)
+                    return (y_f + b * x) / (x_f + x)
+
+                hi = pulled(b_hi, mean_b <= b_hi)
+                lo = pulled(b_lo, mean_b >= b_lo)
+                j_lo = np.where(x_f > 0, lv.jb.lower(lo, hi), lv.jb.lower(b_lo, b_hi))
+                # P / X: the rest pays at least ratio_min per unit of rate (and p_min in all),
+                # so the mediant is bounded at the end of the rest's rate range nearest to it.
+                rho = lv.ratio_min[k]
+                x = np.where(p_f >= rho * x_f, x_rest_max, x_rest_min)
+                mediant = np.where(x_f + x > 0, (p_f + rho * x) / (x_f + x), np.inf)
+                ratio_lb = np.maximum((p_f + lv.p_min.at(k, rem)) / x_ub, mediant)
             time_lb = j_lo / x_ub
-            if time_lb > deadline:
-                return
-            bound = self.best.key(objective) * (1 + COST_TIE_REL)
-            if objective == "time":
-                if time_lb > bound:
-                    return
+            bound = self.best.key(self.objective) * (1 + COST_TIE_REL)
+            pruned = (x_ub <= 0) | (time_lb > deadline)
+            if self.objective == "time":
+                pruned |= time_lb > bound
             else:
-                ratio_lb = (p_f + p_min[k][rem]) / x_ub
-                if x_f > 0:
-                    ratio_lb = max(ratio_lb, min(p_f / x_f, ratio_min[k]))
-                if j_lo * ratio_lb / 3600.0 > bound:
-                    return
-            c_lo = max(lower[k], rem - hi_suffix[k + 1])
-            c_hi = min(upper[k], rem - lo_suffix[k + 1])
-            if c_lo > c_hi:
-                return
-            if k >= last - 1:
-                self.emit_leaves(counts, k, rem, c_lo, c_hi)
-                return
-            r_k, b_k, p_k = rate[k], batch[k], price[k]
-            for c in range(c_lo, c_hi + 1):
-                counts[k] = c
-                descend(k + 1, rem - c, x_f + c * r_k, y_f + c * r_k * b_k, p_f + c * p_k)
-            counts[k] = 0
+                pruned |= j_lo * ratio_lb / 3600.0 > bound
+        return ~pruned
 
-        descend(0, n, 0.0, 0.0, 0.0)
-
-    def emit_leaves(self, prefix: np.ndarray, k: int, rem: int, c_lo: int, c_hi: int) -> None:
-        """All completions of a prefix whose free types are k (and k+1, taking the rest)."""
-        cs = np.arange(c_lo, c_hi + 1)
-        rows = np.repeat(prefix[None, :], len(cs), axis=0)
-        rows[:, k] = cs
-        if k + 1 < self.m:
-            rows[:, k + 1] = rem - cs
-        self.buffer.append(rows)
-        self.buffered += len(rows)
-        if self.buffered >= _FLUSH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.buffer:
-            return
-        rows = np.concatenate(self.buffer)
-        self.buffer, self.buffered = [], 0
+    def consider(self, rows: np.ndarray) -> None:
+        """Score complete clusters (rows in search order) and keep the best as the incumbent."""
         counts = np.empty_like(rows)
         counts[:, self.order] = rows  # back to profile order
         r = self.problem.evaluate(counts)
@@ -189,6 +242,19 @@ class BranchAndBound:
         if self.best.counts is None or better(*cand, *cur, self.problem.tie_key(counts[i]),
                                               self.problem.tie_key(self.best.counts)):
             self.best = Incumbent(counts[i].copy(), *(float(r[k][i]) for k in ("cost_usd", "time_s", "workers")))
+
+
+@dataclass(frozen=True)
+class _SizeLevels:
+    """What bounds every prefix in a cluster of one size: rates, best suffix fills and the
+    iteration bound."""
+
+    jb: IterationBound
+    rate: np.ndarray
+    x_max: SuffixFills
+    x_min: SuffixFills
+    p_min: SuffixFills
+    ratio_min: np.ndarray
 
 
 def search(problem: Problem, objective: Objective = "cost", deadline_s: float | None = None,
