@@ -68,7 +68,7 @@ def run_bench(quick: bool = False) -> dict:
             for b, (name, problem) in enumerate(problems.items()):
                 h_s, (h_best, _) = _median_time_s(lambda: solve_heuristic(problem), repeats)
                 e_s, (e_best, stats) = _median_time_s(
-                    lambda: exact.search(problem, "cost", incumbent=solve_heuristic(problem)[0]), repeats)
+                    lambda: exact.search(problem, "cost"), repeats)
                 row = {
                     "types": n_types, "quota": quota, "deadline": name, "deadline_s": problem.budget_s,
                     "heuristic_s": h_s, "exact_s": e_s, "heuristic_cost_usd": h_best.cost,

@@ -42,6 +42,29 @@ class SuffixFills:
         return forced + np.interp(rem - lower_sum, xp, fp, left=0.0)
 
 
+class MultiplierTest:
+    """Prunes prefixes none of whose completions can have sum c_m (a_m - mult * r_m) <= 0.
+
+    For the price, a = p and mult = 3600 * cost bound / j_lo: a cluster within the bound needs
+    P / X <= mult. For the time, a = r * j_affine and mult = time bound * X_max: a cluster
+    within the bound needs j X <= t X^2 <= t X_max X. The left side is linear in the counts, so
+    its minimum over the free counts is a greedy fill; the fill is only ever taken at a grid of
+    multipliers, at the first grid value at or above a prefix's own (the sum only falls as the
+    multiplier grows, so this stays a valid test)."""
+
+    def __init__(self, a: np.ndarray, rate: np.ndarray, lower: np.ndarray, extra: np.ndarray, grid: np.ndarray):
+        self.grid = grid
+        self.fills = [SuffixFills(a - g * rate, lower, extra, "min") for g in grid]
+
+    def fails(self, k: int, rem: np.ndarray, a_fixed: np.ndarray, x_fixed: np.ndarray, mult: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(self.grid, mult)
+        out = np.zeros(len(rem), dtype=bool)
+        for g in np.unique(at[at < len(self.grid)]):
+            sel = at == g
+            out[sel] = a_fixed[sel] - self.grid[g] * x_fixed[sel] + self.fills[g].at(k, rem[sel]) > 0
+        return out
+
+
 def max_rate_by_size(rates: np.ndarray, lower: np.ndarray, upper: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The largest iteration rate X of any cluster of each size (rates: S x M, one row per size).
 
@@ -80,6 +103,12 @@ class IterationBound:
         else:
             self.scale = spread_at_r0 * (1.0 / (loss_target - g.gamma5) - 1.0 / (current_loss - g.gamma5))
             self.offset = 0.0
+
+    def affine(self, batch):
+        """j at WA batch `batch` and R = 0 before any clipping. Affine in the batch, so its
+        rate-weighted mean over a cluster's types is its value at the cluster's WA batch, and it
+        is never above the true j (the numerator and j are clipped at 0; R only adds)."""
+        return (self.gamma2 * batch + self.gamma3) * self.scale - self.offset
 
     def lower(self, batch_lo, batch_hi):
         """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays."""

@@ -16,7 +16,7 @@ Two things make the bounds bite early:
   once every cheaper twin is full; twins then cost no more branching than one type.
 - A seeded incumbent: before any search, the greedy clusters of every size (filled fastest
   first, best price per rate first, and one type at a time) are scored in one vectorised pass,
-  besides the caller's incumbent (the heuristic's plan, so exact is never worse than it).
+  besides any incumbent the caller passes.
 """
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, SuffixFills, size_bounds
+from tasks.planner.bounds import IterationBound, MultiplierTest, SuffixFills, size_bounds
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
 _CHUNK_ROWS = 1 << 15
+_GRID = 32  # multipliers per size at which MultiplierTest takes its fills
 
 
 @dataclass
@@ -140,30 +141,46 @@ class BranchAndBound:
         rate = self.size_rates(n)
         extra = self.upper - self.lower
         ratio = np.where(self.upper > 0, self.price / rate, np.inf)
+        jb = IterationBound(req.profile, float(n), req.loss_target, req.current_loss)
+        x_max = SuffixFills(rate, self.lower, extra, "max")
+        j_each = jb.affine(self.batch)
         level = _SizeLevels(
-            jb=IterationBound(req.profile, float(n), req.loss_target, req.current_loss), rate=rate,
+            jb=jb, rate=rate, j_each=j_each,
             # Best fills of each suffix of the type order, for every remaining count 0..n.
-            x_max=SuffixFills(rate, self.lower, extra, "max"), x_min=SuffixFills(rate, self.lower, extra, "min"),
-            p_min=self.price_fills,
+            x_max=x_max, x_min=SuffixFills(rate, self.lower, extra, "min"), p_min=self.price_fills,
             ratio_min=np.minimum.accumulate(ratio[::-1])[::-1],
+            price_test=None, time_test=None,
         )
+        x_root = float(x_max.at(0, np.array([n]))[0])
+        t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
+        if np.isfinite(t_bound) and x_root > 0:
+            level.time_test = MultiplierTest(rate * j_each, rate, self.lower, extra,
+                                             np.geomspace(0.05, 1.0, _GRID) * t_bound * x_root)
+        j_root = float(jb.lower(self.suffix_batch_lo[0], self.suffix_batch_hi[0]))
+        cost_bound = self.best.cost * (1 + COST_TIE_REL)
+        if self.objective == "cost" and np.isfinite(cost_bound) and j_root > 0:
+            top = 3600.0 * cost_bound / j_root
+            if top > level.ratio_min[0]:
+                level.price_test = MultiplierTest(self.price, rate, self.lower, extra,
+                                                  np.geomspace(level.ratio_min[0], top, _GRID))
         zero = np.zeros(1)
-        self.descend(level, 0, np.zeros((1, self.m), dtype=np.int64), np.array([n]), zero, zero, zero)
+        self.descend(level, 0, np.zeros((1, self.m), dtype=np.int64), np.array([n]), zero, zero, zero, zero)
 
     def descend(self, lv: "_SizeLevels", k: int, counts: np.ndarray, rem: np.ndarray, x_f: np.ndarray,
-                y_f: np.ndarray, p_f: np.ndarray) -> None:
+                y_f: np.ndarray, p_f: np.ndarray, l_f: np.ndarray) -> None:
         """Fix the counts of types k.. for a batch of prefixes (rows of counts), pruning as it goes."""
         deadline = self.deadline_s * (1 + COST_TIE_REL)
         while True:
             self.stats.nodes += len(rem)
-            keep = self.bound_holds(lv, k, rem, x_f, y_f, p_f, deadline)
+            keep = self.bound_holds(lv, k, rem, x_f, y_f, p_f, l_f, deadline)
             c_lo = np.maximum(self.lower[k], rem - self.hi_suffix[k + 1])
             c_hi = np.minimum(self.upper[k], rem - self.lo_suffix[k + 1])
             if self.twin_of_previous[k]:  # a dearer twin waits until its cheaper twin is full
                 c_hi = np.where(counts[:, k - 1] < self.upper[k - 1], np.minimum(c_hi, self.lower[k]), c_hi)
             keep &= c_lo <= c_hi
             if not keep.all():
-                counts, rem, x_f, y_f, p_f, c_lo, c_hi = (a[keep] for a in (counts, rem, x_f, y_f, p_f, c_lo, c_hi))
+                counts, rem, x_f, y_f, p_f, l_f, c_lo, c_hi = (
+                    a[keep] for a in (counts, rem, x_f, y_f, p_f, l_f, c_lo, c_hi))
             if not len(rem):
                 return
             width = c_hi - c_lo + 1
@@ -175,7 +192,7 @@ class BranchAndBound:
             if ends[-1] > _CHUNK_ROWS and len(rem) > 1:  # depth first over chunks of this level
                 cuts = np.searchsorted(ends, np.arange(_CHUNK_ROWS, ends[-1], _CHUNK_ROWS), side="right")
                 for part in np.split(np.arange(len(rem)), np.unique(np.clip(cuts, 1, len(rem) - 1))):
-                    self.descend(lv, k, counts[part], rem[part], x_f[part], y_f[part], p_f[part])
+                    self.descend(lv, k, counts[part], rem[part], x_f[part], y_f[part], p_f[part], l_f[part])
                 return
             parent = np.repeat(np.arange(len(rem)), width)
             c = c_lo[parent] + np.arange(ends[-1]) - (ends - width)[parent]
@@ -184,10 +201,11 @@ class BranchAndBound:
             r_k = lv.rate[k]
             rem, x_f = rem[parent] - c, x_f[parent] + c * r_k
             y_f, p_f = y_f[parent] + c * r_k * self.batch[k], p_f[parent] + c * self.price[k]
+            l_f = l_f[parent] + c * r_k * lv.j_each[k]
             k += 1
 
     def bound_holds(self, lv: "_SizeLevels", k: int, rem: np.ndarray, x_f: np.ndarray, y_f: np.ndarray,
-                    p_f: np.ndarray, deadline: float) -> np.ndarray:
+                    p_f: np.ndarray, l_f: np.ndarray, deadline: float) -> np.ndarray:
         """Which prefixes (types before k fixed, rem instances left) may still hold a cluster that
         beats the incumbent within the deadline."""
         b_lo, b_hi = self.suffix_batch_lo[k], self.suffix_batch_hi[k]
@@ -195,7 +213,7 @@ class BranchAndBound:
         x_ub = x_f + x_rest_max
         with np.errstate(divide="ignore", invalid="ignore"):
             if k == 0:
-                j_lo = lv.jb.lower(b_lo, b_hi)
+                j_lo = np.full(len(rem), lv.jb.lower(b_lo, b_hi))
                 ratio_lb = np.maximum(lv.p_min.at(k, rem) / x_ub, lv.ratio_min[k])
             else:
                 # The rest (batches in [b_lo, b_hi], rate in [x_rest_min, x_rest_max]) pulls the
@@ -222,6 +240,13 @@ class BranchAndBound:
                 pruned |= time_lb > bound
             else:
                 pruned |= j_lo * ratio_lb / 3600.0 > bound
+            live = np.flatnonzero(~pruned)
+            if lv.price_test is not None and len(live):
+                pruned[live] = lv.price_test.fails(k, rem[live], p_f[live], x_f[live], 3600.0 * bound / j_lo[live])
+                live = np.flatnonzero(~pruned)
+            if lv.time_test is not None and len(live):
+                t = min(deadline, bound) if self.objective == "time" else deadline
+                pruned[live] = lv.time_test.fails(k, rem[live], l_f[live], x_f[live], t * x_ub[live])
         return ~pruned
 
     def consider(self, rows: np.ndarray) -> None:
@@ -244,17 +269,20 @@ class BranchAndBound:
             self.best = Incumbent(counts[i].copy(), *(float(r[k][i]) for k in ("cost_usd", "time_s", "workers")))
 
 
-@dataclass(frozen=True)
+@dataclass
 class _SizeLevels:
     """What bounds every prefix in a cluster of one size: rates, best suffix fills and the
     iteration bound."""
 
     jb: IterationBound
     rate: np.ndarray
+    j_each: np.ndarray  # IterationBound.affine at each type's batch
     x_max: SuffixFills
     x_min: SuffixFills
     p_min: SuffixFills
     ratio_min: np.ndarray
+    price_test: MultiplierTest | None  # cost within the incumbent's
+    time_test: MultiplierTest | None  # time within the deadline (and the incumbent's, for time)
 
 
 def search(problem: Problem, objective: Objective = "cost", deadline_s: float | None = None,
