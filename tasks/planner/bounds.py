@@ -19,25 +19,29 @@ from tasks.profile import Profile
 
 
 class SuffixFills:
-    """Greedy fills of every suffix k of the types: `at(k, rem)` is the best (take_best "max" or
-    "min") sum of `values` over counts of types k.. within [lower, lower + extra] adding up to
-    rem (an array); rem beyond the suffix's capacity is not meaningful (callers rule it out).
+    """Greedy fills of every suffix k of the search levels: `at(k, rem)` is the best (take_best
+    "max" or "min") sum of `values` over counts of the items of levels k.. (item i belongs to
+    level owner[i]; default: item i is level i) within [lower, lower + extra] adding up to rem
+    (an array); rem beyond the suffix's capacity is not meaningful (callers rule it out).
 
-    A greedy fill is piecewise linear in the count, one segment per type, best first; each
+    A greedy fill is piecewise linear in the count, one segment per item, best first; each
     suffix's breakpoints are built when first asked for."""
 
-    def __init__(self, values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str):
+    def __init__(self, values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str,
+                 owner: np.ndarray | None = None):
         self.values, self.lower, self.extra = values, lower, extra.astype(float)
+        self.owner = np.arange(len(values)) if owner is None else owner
         self.order = np.argsort(-values if take_best == "max" else values, kind="stable")
         self.segments: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}
 
     def at(self, k: int, rem: np.ndarray) -> np.ndarray:
         if k not in self.segments:
-            mine = self.order[(self.order >= k) & (self.extra[self.order] > 0)]
+            mine = self.order[(self.owner[self.order] >= k) & (self.extra[self.order] > 0)]
             cap = self.extra[mine]
             xp = np.concatenate([[0.0], np.cumsum(cap)])
             fp = np.concatenate([[0.0], np.cumsum(cap * self.values[mine])])
-            self.segments[k] = (float(self.lower[k:].sum()), float((self.lower[k:] * self.values[k:]).sum()), xp, fp)
+            suffix = self.owner >= k
+            self.segments[k] = (float(self.lower[suffix].sum()), float((self.lower * self.values)[suffix].sum()), xp, fp)
         lower_sum, forced, xp, fp = self.segments[k]
         return forced + np.interp(rem - lower_sum, xp, fp, left=0.0)
 
@@ -52,9 +56,10 @@ class MultiplierTest:
     multipliers, at the first grid value at or above a prefix's own (the sum only falls as the
     multiplier grows, so this stays a valid test)."""
 
-    def __init__(self, a: np.ndarray, rate: np.ndarray, lower: np.ndarray, extra: np.ndarray, grid: np.ndarray):
+    def __init__(self, a: np.ndarray, rate: np.ndarray, lower: np.ndarray, extra: np.ndarray, grid: np.ndarray,
+                 owner: np.ndarray | None = None):
         self.grid = grid
-        self.fills = [SuffixFills(a - g * rate, lower, extra, "min") for g in grid]
+        self.fills = [SuffixFills(a - g * rate, lower, extra, "min", owner) for g in grid]
 
     def fails(self, k: int, rem: np.ndarray, a_fixed: np.ndarray, x_fixed: np.ndarray, mult: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.grid, mult)

@@ -70,23 +70,37 @@ class BranchAndBound:
         self.best = incumbent
         self.stats = SearchStats()
         types = problem.model.types
-        alone_s = problem.model.iteration_times_s(np.array(1.0))
         price = problem.model.prices_usd_per_h
         name_rank = np.argsort(problem.name_order)
-        # Largest batch first, then fastest; twins (same hardware) cheapest first, then by name,
-        # which is also how ties between twins are broken (Problem.tie_key).
+        # Items (the offers) by class, largest batch first, then fastest; within a class (same
+        # hardware) cheapest first, then by name, which is how ties between twins are broken
+        # (Problem.tie_key).
         self.order = np.lexsort((name_rank, price, types.gpus, types.compute_s, -types.batch))
-        self.lower = problem.lower[self.order]
-        self.upper = problem.upper[self.order]
-        self.batch = types.batch[self.order]
-        self.price = price[self.order]
-        self.m = len(self.order)
         hardware = np.stack([types.batch, types.compute_s, types.gpus], axis=1)[self.order]
-        self.twin_of_previous = np.r_[False, (hardware[1:] == hardware[:-1]).all(axis=1)]
-        self.price_fills = SuffixFills(self.price, self.lower, self.upper - self.lower, "min")
+        self.owner = np.cumsum(np.r_[False, (hardware[1:] != hardware[:-1]).any(axis=1)])
+        self.item_lower = problem.lower[self.order]
+        self.item_extra = (problem.upper - problem.lower)[self.order]
+        self.item_price = price[self.order]
+        self.m = int(self.owner[-1]) + 1
+        self.first = np.flatnonzero(np.r_[True, self.owner[1:] != self.owner[:-1]])  # first item of each class
+        self.lower = np.bincount(self.owner, self.item_lower, self.m).astype(np.int64)
+        self.upper = self.lower + np.bincount(self.owner, self.item_extra, self.m).astype(np.int64)
+        self.batch = types.batch[self.order][self.first]
+        # An instance beyond the existing goes to the cheapest member with room: what a class of
+        # c instances costs is convex in c (row: class, column: c).
+        self.extra_before = (np.cumsum(self.item_extra) - self.item_extra) - (np.cumsum(self.item_extra)
+                                                                              - self.item_extra)[self.first][self.owner]
+        self.class_price = np.full((self.m, int(self.upper.max()) + 1), np.inf)
+        for c in range(self.m):
+            mine = self.owner == c
+            cap, p = self.item_extra[mine].astype(float), self.item_price[mine]
+            counts = np.arange(self.lower[c], self.upper[c] + 1)
+            fill = np.interp(counts - self.lower[c], np.r_[0.0, np.cumsum(cap)], np.r_[0.0, np.cumsum(cap * p)])
+            self.class_price[c, counts] = (self.item_lower[mine] * p).sum() + fill
+        self.price_fills = SuffixFills(self.item_price, self.item_lower, self.item_extra, "min", self.owner)
         self.lo_suffix = np.concatenate([np.cumsum(self.lower[::-1])[::-1], [0]])
         self.hi_suffix = np.concatenate([np.cumsum(self.upper[::-1])[::-1], [0]])
-        # Batch range of the types still usable from each level on.
+        # Batch range of the classes still usable from each level on.
         self.suffix_batch_lo = [min((b for b, u in zip(self.batch[k:], self.upper[k:]) if u > 0), default=np.inf)
                                 for k in range(self.m + 1)]
         self.suffix_batch_hi = [max((b for b, u in zip(self.batch[k:], self.upper[k:]) if u > 0), default=-np.inf)
@@ -111,17 +125,18 @@ class BranchAndBound:
         """Score the greedy clusters of every size: a good incumbent before the search starts."""
         if not len(sizes):
             return
-        rate = 1.0 / self.problem.model.iteration_times_s(np.array(float(np.median(sizes))))[self.order]
+        rate = self.size_rates(int(np.median(sizes)))
+        cheapest = self.item_price[self.first]
         extra = (self.upper - self.lower).astype(float)
         free = (sizes - self.lower.sum()).astype(float)
         fills = []
-        for first in (np.argsort(-rate, kind="stable"), np.argsort(self.price / rate, kind="stable")):
+        for first in (np.argsort(-rate, kind="stable"), np.argsort(cheapest / rate, kind="stable")):
             cap = extra[first]
             take = np.clip(free[:, None] - (np.cumsum(cap) - cap)[None, :], 0.0, cap[None, :])
             rows = np.repeat(self.lower[None, :], len(sizes), axis=0)
             rows[:, first] += take.astype(np.int64)
             fills.append(rows)
-        for k in np.flatnonzero(extra > 0):  # one type added to the existing instances
+        for k in np.flatnonzero(extra > 0):  # one class added to the existing instances
             fit = free[(free >= 0) & (free <= extra[k])]
             rows = np.repeat(self.lower[None, :], len(fit), axis=0)
             rows[:, k] += fit.astype(np.int64)
@@ -132,51 +147,50 @@ class BranchAndBound:
             self.consider(rows[start:start + _CHUNK_ROWS])
 
     def size_rates(self, n: int) -> np.ndarray:
-        """Iteration rate of one instance of each type (search order) in a cluster of n."""
-        return 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order]
+        """Iteration rate of one instance of each class in a cluster of n."""
+        return 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order][self.first]
 
     def search_size(self, n: int) -> None:
         self.stats.sizes_searched += 1
         req = self.problem.request
         rate = self.size_rates(n)
-        extra = self.upper - self.lower
-        ratio = np.where(self.upper > 0, self.price / rate, np.inf)
+        item_rate = rate[self.owner]
         jb = IterationBound(req.profile, float(n), req.loss_target, req.current_loss)
-        x_max = SuffixFills(rate, self.lower, extra, "max")
         j_each = jb.affine(self.batch)
+        lower, extra, owner = self.item_lower, self.item_extra, self.owner
+        x_max = SuffixFills(item_rate, lower, extra, "max", owner)
+        ratio = np.where(lower + extra > 0, self.item_price / item_rate, np.inf)
         level = _SizeLevels(
             jb=jb, rate=rate, j_each=j_each,
-            # Best fills of each suffix of the type order, for every remaining count 0..n.
-            x_max=x_max, x_min=SuffixFills(rate, self.lower, extra, "min"), p_min=self.price_fills,
-            ratio_min=np.minimum.accumulate(ratio[::-1])[::-1],
+            # Best fills of each suffix of the class order, for any remaining count.
+            x_max=x_max, x_min=SuffixFills(item_rate, lower, extra, "min", owner), p_min=self.price_fills,
+            ratio_min=np.minimum.accumulate(np.minimum.reduceat(ratio, self.first)[::-1])[::-1],
             price_test=None, time_test=None,
         )
         x_root = float(x_max.at(0, np.array([n]))[0])
         t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
         if np.isfinite(t_bound) and x_root > 0:
-            level.time_test = MultiplierTest(rate * j_each, rate, self.lower, extra,
-                                             np.geomspace(0.05, 1.0, _GRID) * t_bound * x_root)
+            level.time_test = MultiplierTest(item_rate * j_each[owner], item_rate, lower, extra,
+                                             np.geomspace(0.05, 1.0, _GRID) * t_bound * x_root, owner)
         j_root = float(jb.lower(self.suffix_batch_lo[0], self.suffix_batch_hi[0]))
         cost_bound = self.best.cost * (1 + COST_TIE_REL)
         if self.objective == "cost" and np.isfinite(cost_bound) and j_root > 0:
             top = 3600.0 * cost_bound / j_root
             if top > level.ratio_min[0]:
-                level.price_test = MultiplierTest(self.price, rate, self.lower, extra,
-                                                  np.geomspace(level.ratio_min[0], top, _GRID))
+                level.price_test = MultiplierTest(self.item_price, item_rate, lower, extra,
+                                                  np.geomspace(level.ratio_min[0], top, _GRID), owner)
         zero = np.zeros(1)
         self.descend(level, 0, np.zeros((1, self.m), dtype=np.int64), np.array([n]), zero, zero, zero, zero)
 
     def descend(self, lv: "_SizeLevels", k: int, counts: np.ndarray, rem: np.ndarray, x_f: np.ndarray,
                 y_f: np.ndarray, p_f: np.ndarray, l_f: np.ndarray) -> None:
-        """Fix the counts of types k.. for a batch of prefixes (rows of counts), pruning as it goes."""
+        """Fix the counts of classes k.. for a batch of prefixes (rows of counts), pruning as it goes."""
         deadline = self.deadline_s * (1 + COST_TIE_REL)
         while True:
             self.stats.nodes += len(rem)
             keep = self.bound_holds(lv, k, rem, x_f, y_f, p_f, l_f, deadline)
             c_lo = np.maximum(self.lower[k], rem - self.hi_suffix[k + 1])
             c_hi = np.minimum(self.upper[k], rem - self.lo_suffix[k + 1])
-            if self.twin_of_previous[k]:  # a dearer twin waits until its cheaper twin is full
-                c_hi = np.where(counts[:, k - 1] < self.upper[k - 1], np.minimum(c_hi, self.lower[k]), c_hi)
             keep &= c_lo <= c_hi
             if not keep.all():
                 counts, rem, x_f, y_f, p_f, l_f, c_lo, c_hi = (
@@ -200,7 +214,7 @@ class BranchAndBound:
             counts[:, k] = c
             r_k = lv.rate[k]
             rem, x_f = rem[parent] - c, x_f[parent] + c * r_k
-            y_f, p_f = y_f[parent] + c * r_k * self.batch[k], p_f[parent] + c * self.price[k]
+            y_f, p_f = y_f[parent] + c * r_k * self.batch[k], p_f[parent] + self.class_price[k, c]
             l_f = l_f[parent] + c * r_k * lv.j_each[k]
             k += 1
 
@@ -249,10 +263,17 @@ class BranchAndBound:
                 pruned[live] = lv.time_test.fails(k, rem[live], l_f[live], x_f[live], t * x_ub[live])
         return ~pruned
 
+    def offer_counts(self, rows: np.ndarray) -> np.ndarray:
+        """Class counts (rows) -> offer counts in profile order, each class filled cheapest first."""
+        extra = (rows - self.lower)[:, self.owner]
+        items = self.item_lower + np.clip(extra - self.extra_before, 0, self.item_extra)
+        counts = np.empty_like(items)
+        counts[:, self.order] = items
+        return counts
+
     def consider(self, rows: np.ndarray) -> None:
-        """Score complete clusters (rows in search order) and keep the best as the incumbent."""
-        counts = np.empty_like(rows)
-        counts[:, self.order] = rows  # back to profile order
+        """Score complete clusters (rows of class counts) and keep the best as the incumbent."""
+        counts = self.offer_counts(rows)
         r = self.problem.evaluate(counts)
         self.stats.evaluated += len(rows)
         ok = np.flatnonzero(r["time_s"] <= self.deadline_s * (1 + COST_TIE_REL))

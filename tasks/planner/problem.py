@@ -1,6 +1,7 @@
 """The provisioning problem (model.md, Eq. 11-14) and its answer, independent of the solver."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,6 +37,10 @@ class PlanRequest:
     target_probability: float = 0.95
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     recovery_s: float = 120.0
+    # Plan over offers (type, region) in these regions ("all": every one the catalog prices)
+    # instead of the profile's types at its prices (offers.py); quota and existing may then
+    # name offers (TYPE@REGION), and quota also types (every region).
+    regions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Problem:
     lower: np.ndarray
     upper: np.ndarray
     budget_s: float  # deadline minus overhead
+    offers: dict | None = None  # name -> offers.Offer when planning over regions
 
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
@@ -79,6 +85,7 @@ class PlanResult:
     fastest_time_s: float | None = None  # set when infeasible
     message: str = ""
     meet_probability: float | None = None  # solver="risk": estimated P(meeting the deadline)
+    offers: dict[str, dict] | None = None  # planning over regions: each planned offer (Offer.to_json)
 
     @property
     def feasible(self) -> bool:
@@ -95,6 +102,7 @@ class PlanResult:
             "cc": self.cc,
             "solver": self.solver,
             "solve_seconds": self.solve_seconds,
+            **({} if self.offers is None else {"offers": self.offers}),
         }
 
 
@@ -107,6 +115,12 @@ def _check_counts(profile: Profile, counts: dict[str, int], what: str) -> None:
 
 def build_problem(req: PlanRequest) -> Problem:
     """Validate a request against its profile; every message names the offending value."""
+    offers = None
+    if req.regions:
+        from tasks.planner.offers import market_profile
+
+        market, offers = market_profile(req.profile, tuple(req.regions), req.quota)
+        req = dataclasses.replace(req, profile=market, quota={}, regions=())
     profile = req.profile
     g5 = profile.loss.gamma5
     if not math.isfinite(req.deadline_s) or req.deadline_s <= 0:
@@ -154,7 +168,7 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(
             f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
         )
-    return Problem(req, model, lower, upper, budget_s)
+    return Problem(req, model, lower, upper, budget_s, offers)
 
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
@@ -183,10 +197,11 @@ def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status
                           fastest_time_s, message)
     r = problem.evaluate(counts)
     plan = {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
+    offers = None if problem.offers is None else {name: problem.offers[name].to_json() for name in plan}
     return PlanResult(
         status=status, plan=plan,
         predicted_time_s=float(r["time_s"][0]), predicted_cost_usd=float(r["cost_usd"][0]),
         iterations=float(r["iterations"][0]), wa_batch=float(r["wa_batch"][0]), cc=float(r["cc"][0]),
         usd_per_h=float(r["usd_per_h"][0]), solver=solver, solve_seconds=solve_s, evaluated=evaluated,
-        message=message,
+        message=message, offers=offers,
     )
