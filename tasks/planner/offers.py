@@ -85,10 +85,10 @@ def parse_regions(text: str) -> tuple[str, ...]:
 
 
 def market_profile(profile: Profile, regions: tuple[str, ...], quota: dict[str, int],
-                   catalog: dict | None = None) -> tuple[Profile, dict[str, Offer]]:
+                   catalog: dict | None = None, require_prices: bool = True) -> tuple[Profile, dict[str, Offer]]:
     """The profile with one instance entry per offer (quota overrides applied) and the offers by
-    name. Named regions must be known and price every measured type that
-    may be used; `all` takes every region and skips what it does not price."""
+    name. Named regions must be known and (require_prices) price every measured type that may be
+    used; `all` takes every region and skips what it does not price."""
     catalog = catalog or _shipped_catalog()
     entries = {t["type"]: t for t in catalog["types"]}
     known = catalog_regions(catalog)
@@ -112,7 +112,7 @@ def market_profile(profile: Profile, regions: tuple[str, ...], quota: dict[str, 
             type_quota = quota.get(name, quota.get(inst.type, inst.quota))
             priced = spot_price(entries[inst.type], region) if inst.type in entries else None
             if priced is None:
-                if not want_all and ref is None and type_quota > 0:
+                if require_prices and not want_all and ref is None and type_quota > 0:
                     raise UserInputError(
                         f"no spot price for {inst.type} in {region} (neither the catalog nor the price "
                         f"history has one): leave the region out or pass --quota {inst.type}=0")
