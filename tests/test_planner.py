@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from tasks.errors import InfeasibleError, UserInputError
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
-from tasks.planner.brute import composition_count, solve_brute_force
+from tasks.planner import exact
+from tasks.planner.brute import solve_brute_force
+from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, build_problem
 from tasks.profile import load_profile, profile_from_dict
@@ -60,6 +62,8 @@ def test_exact_equals_brute_force_and_beats_heuristic(profile, loss, slack):
     brute = solve_brute_force(problem)[0]
     assert result.feasible and brute.counts is not None
     assert same_cost(result.predicted_cost_usd, brute.cost)
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert same_cost(searched.cost, brute.cost)
     heuristic, _ = solve_heuristic(problem)
     if heuristic.counts is not None:
         assert result.predicted_cost_usd <= heuristic.cost * (1 + COST_TIE_REL)
@@ -146,17 +150,17 @@ def test_exact_equals_brute_force_with_twin_offers(profile, loss, slack, data):
     deadline = fastest(profile, loss, existing=existing) * slack
     problem = build_problem(PlanRequest(profile, loss, deadline, existing=existing))
     assume(composition_count(problem) <= 200_000)
-    result = solve_problem(problem)
     brute = solve_brute_force(problem)[0]
-    assert same_cost(result.predicted_cost_usd, brute.cost)
-    assert result.plan == {profile.instances[i].type: int(c) for i, c in enumerate(brute.counts) if c}
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert same_cost(searched.cost, brute.cost)
+    assert list(searched.counts) == list(brute.counts)
 
 
 @SETTINGS
 @given(profiles(), st.floats(0.6, 1.5))
 def test_fastest_plan_equals_brute_force(profile, loss):
     problem = build_problem(PlanRequest(profile, loss, 1e12))
-    best = fastest_time_s(problem)
+    best = exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)[0].time_s
     lower, radix = problem.lower, problem.upper - problem.lower + 1
     grid = np.stack(np.meshgrid(*[np.arange(r) for r in radix], indexing="ij"), axis=-1).reshape(-1, len(radix))
     times = problem.evaluate(grid + lower)["time_s"]
@@ -173,6 +177,7 @@ def test_exact_matches_brute_force_on_the_shipped_profile_with_existing_and_curr
         brute = solve_brute_force(problem)[0]
         assert same_cost(r.predicted_cost_usd, brute.cost)
         assert r.status == "optimal"
+        assert same_cost(exact.search(problem, "cost", enumerate_below=0)[0].cost, brute.cost)
 
 
 def test_replanning_remaining_work_is_less_than_from_scratch():

@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from tasks.planner import exact
-from tasks.planner.brute import composition_count, solve_brute_force
+from tasks.planner.exact import composition_count
+from tasks.planner.brute import solve_brute_force
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, PlanRequest, build_problem
 from tasks.planner.synthetic import extend_profile

@@ -58,14 +58,16 @@ class MultiplierTest:
 
     def __init__(self, a: np.ndarray, rate: np.ndarray, lower: np.ndarray, extra: np.ndarray, grid: np.ndarray,
                  owner: np.ndarray | None = None):
-        self.grid = grid
-        self.fills = [SuffixFills(a - g * rate, lower, extra, "min", owner) for g in grid]
+        self.grid, self.a, self.rate, self.lower, self.extra, self.owner = grid, a, rate, lower, extra, owner
+        self.fills: dict[int, SuffixFills] = {}  # built for the grid values asked for
 
     def fails(self, k: int, rem: np.ndarray, a_fixed: np.ndarray, x_fixed: np.ndarray, mult: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.grid, mult)
         out = np.zeros(len(rem), dtype=bool)
         for g in np.unique(at[at < len(self.grid)]):
             sel = at == g
+            if g not in self.fills:
+                self.fills[g] = SuffixFills(self.a - self.grid[g] * self.rate, self.lower, self.extra, "min", self.owner)
             out[sel] = a_fixed[sel] - self.grid[g] * x_fixed[sel] + self.fills[g].at(k, rem[sel]) > 0
         return out
 

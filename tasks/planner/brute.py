@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.planner.exact import Incumbent, pick_best
+from tasks.planner.exact import Incumbent, composition_count, compositions, pick_best
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 CHUNK_ROWS = 1 << 18
-
-
-def composition_count(problem: Problem) -> int:
-    return int(np.prod((problem.upper - problem.lower + 1).astype(object)))
 
 
 def solve_brute_force(problem: Problem, budgets_s: list[float] | None = None) -> list[Incumbent]:
     """The best plan for each budget (default: the problem's own), from one pass over every
     composition."""
     budgets_s = [problem.budget_s] if budgets_s is None else budgets_s
-    lower, radix = problem.lower, problem.upper - problem.lower + 1
-    strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]])
     total = composition_count(problem)
     best = [Incumbent() for _ in budgets_s]
     for start in range(0, total, CHUNK_ROWS):
-        idx = np.arange(start, min(total, start + CHUNK_ROWS), dtype=np.int64)
-        counts = (idx[:, None] // strides) % radix + lower
+        counts = compositions(problem, start, min(total, start + CHUNK_ROWS))
         r = problem.evaluate(counts)
         for b, budget_s in enumerate(budgets_s):
             ok = np.flatnonzero((r["time_s"] <= budget_s * (1 + COST_TIE_REL)) & (r["workers"] > 0))

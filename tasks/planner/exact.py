@@ -30,6 +30,7 @@ from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
 _CHUNK_ROWS = 1 << 15
+_ENUMERATE_ROWS = 1 << 14
 _GRID = 32  # multipliers per size at which MultiplierTest takes its fills
 
 
@@ -273,9 +274,14 @@ class BranchAndBound:
 
     def consider(self, rows: np.ndarray) -> None:
         """Score complete clusters (rows of class counts) and keep the best as the incumbent."""
-        counts = self.offer_counts(rows)
+        self.consider_counts(self.offer_counts(rows))
+
+    def consider_counts(self, counts: np.ndarray) -> None:
+        """Score complete clusters (rows of offer counts, profile order); keep the best."""
+        if not len(counts):
+            return
         r = self.problem.evaluate(counts)
-        self.stats.evaluated += len(rows)
+        self.stats.evaluated += len(counts)
         ok = np.flatnonzero(r["time_s"] <= self.deadline_s * (1 + COST_TIE_REL))
         if not len(ok):
             return
@@ -306,11 +312,30 @@ class _SizeLevels:
     time_test: MultiplierTest | None  # time within the deadline (and the incumbent's, for time)
 
 
+def compositions(problem: Problem, start: int, stop: int) -> np.ndarray:
+    """Rows start..stop-1 of every count vector within the problem's bounds, in mixed radix."""
+    radix = problem.upper - problem.lower + 1
+    strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]])
+    idx = np.arange(start, stop, dtype=np.int64)
+    return (idx[:, None] // strides) % radix + problem.lower
+
+
+def composition_count(problem: Problem) -> int:
+    return int(np.prod((problem.upper - problem.lower + 1).astype(object)))
+
+
 def search(problem: Problem, objective: Objective = "cost", deadline_s: float | None = None,
-           incumbent: Incumbent | None = None) -> tuple[Incumbent, SearchStats]:
+           incumbent: Incumbent | None = None, enumerate_below: int = _ENUMERATE_ROWS) -> tuple[Incumbent, SearchStats]:
     """Optimal counts for `objective` among clusters finishing within deadline_s (default: the
-    problem's budget; pass np.inf for no deadline)."""
+    problem's budget; pass np.inf for no deadline). Problems with fewer than `enumerate_below`
+    count vectors (re-plans of a few types) are scored whole in one vectorised pass, cheaper
+    than setting up bounds."""
     bnb = BranchAndBound(problem, objective, problem.budget_s if deadline_s is None else deadline_s,
                          incumbent or Incumbent())
-    bnb.run()
+    total = composition_count(problem)
+    if total < enumerate_below:
+        counts = compositions(problem, 0, total)
+        bnb.consider_counts(counts[counts.sum(axis=1) > 0])
+    else:
+        bnb.run()
     return bnb.best, bnb.stats
