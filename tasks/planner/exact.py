@@ -31,6 +31,7 @@ from tasks.planner.problem import COST_TIE_REL, Problem, better
 Objective = Literal["cost", "time"]
 _CHUNK_ROWS = 1 << 15
 _ENUMERATE_ROWS = 1 << 14
+_ENUMERATE_CHUNK_ROWS = 1 << 18
 _GRID = 32  # multipliers per size at which MultiplierTest takes its fills
 
 
@@ -278,22 +279,29 @@ class BranchAndBound:
 
     def consider_counts(self, counts: np.ndarray) -> None:
         """Score complete clusters (rows of offer counts, profile order); keep the best."""
-        if not len(counts):
-            return
-        r = self.problem.evaluate(counts)
+        self.best = keep_best(self.problem, self.objective, self.deadline_s, self.best, counts)
         self.stats.evaluated += len(counts)
-        ok = np.flatnonzero(r["time_s"] <= self.deadline_s * (1 + COST_TIE_REL))
-        if not len(ok):
-            return
-        keys = counts[:, self.problem.name_order]
-        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], self.objective, keys[ok])]
-        cand = (float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
-        cur = (self.best.cost, self.best.time_s, self.best.workers)
-        if self.objective == "time":
-            cand, cur = (cand[1], cand[0], cand[2]), (cur[1], cur[0], cur[2])
-        if self.best.counts is None or better(*cand, *cur, self.problem.tie_key(counts[i]),
-                                              self.problem.tie_key(self.best.counts)):
-            self.best = Incumbent(counts[i].copy(), *(float(r[k][i]) for k in ("cost_usd", "time_s", "workers")))
+
+
+def keep_best(problem: Problem, objective: Objective, deadline_s: float, best: Incumbent, counts: np.ndarray,
+              r: dict[str, np.ndarray] | None = None) -> Incumbent:
+    """The better of `best` and the best of `counts` (rows of offer counts, scored as `r` when
+    given) that finish within deadline_s."""
+    if not len(counts):
+        return best
+    r = problem.evaluate(counts) if r is None else r
+    ok = np.flatnonzero(r["time_s"] <= deadline_s * (1 + COST_TIE_REL))
+    if not len(ok):
+        return best
+    keys = counts[:, problem.name_order]
+    i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], objective, keys[ok])]
+    cand = (float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
+    cur = (best.cost, best.time_s, best.workers)
+    if objective == "time":
+        cand, cur = (cand[1], cand[0], cand[2]), (cur[1], cur[0], cur[2])
+    if best.counts is None or better(*cand, *cur, problem.tie_key(counts[i]), problem.tie_key(best.counts)):
+        return Incumbent(counts[i].copy(), *(float(r[k][i]) for k in ("cost_usd", "time_s", "workers")))
+    return best
 
 
 @dataclass
@@ -330,12 +338,32 @@ def search(problem: Problem, objective: Objective = "cost", deadline_s: float | 
     problem's budget; pass np.inf for no deadline). Problems with fewer than `enumerate_below`
     count vectors (re-plans of a few types) are scored whole in one vectorised pass, cheaper
     than setting up bounds."""
-    bnb = BranchAndBound(problem, objective, problem.budget_s if deadline_s is None else deadline_s,
-                         incumbent or Incumbent())
-    total = composition_count(problem)
-    if total < enumerate_below:
-        counts = compositions(problem, 0, total)
-        bnb.consider_counts(counts[counts.sum(axis=1) > 0])
-    else:
-        bnb.run()
+    deadline_s = problem.budget_s if deadline_s is None else deadline_s
+    if composition_count(problem) < enumerate_below:
+        return search_all(problem, objective, [deadline_s], incumbent)[0]
+    bnb = BranchAndBound(problem, objective, deadline_s, incumbent or Incumbent())
+    bnb.run()
     return bnb.best, bnb.stats
+
+
+def search_deadlines(problem: Problem, deadlines_s: list[float]) -> list[tuple[Incumbent, SearchStats]]:
+    """The cost optimum at each deadline: one scoring pass when the problem is small enough to
+    enumerate, one search per deadline otherwise."""
+    if composition_count(problem) < _ENUMERATE_ROWS:
+        return search_all(problem, "cost", deadlines_s)
+    return [search(problem, "cost", deadline_s=d) for d in deadlines_s]
+
+
+def search_all(problem: Problem, objective: Objective, deadlines_s: list[float],
+               incumbent: Incumbent | None = None) -> list[tuple[Incumbent, SearchStats]]:
+    """Brute force: score every count vector once (in chunks) and keep the best for each deadline."""
+    total = composition_count(problem)
+    best = [incumbent or Incumbent() for _ in deadlines_s]
+    stats = SearchStats()
+    for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
+        counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
+        counts = counts[counts.sum(axis=1) > 0]
+        r = problem.evaluate(counts)
+        stats.evaluated += len(counts)
+        best = [keep_best(problem, objective, d, b, counts, r) for b, d in zip(best, deadlines_s)]
+    return [(b, stats) for b in best]
