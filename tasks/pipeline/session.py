@@ -97,7 +97,8 @@ class TrainingSession:
         return PlanRequest(
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
-            current_loss=current_loss, solver=self.request.solver, **self.risk_options(),
+            current_loss=current_loss, solver=self.request.solver, regions=tuple(self.request.regions),
+            **self.risk_options(),
         )
 
     def risk_options(self) -> dict:
