@@ -147,6 +147,22 @@ class BranchAndBound:
         rows = rows[rows.sum(axis=1) > 0]
         for start in range(0, len(rows), _CHUNK_ROWS):
             self.consider(rows[start:start + _CHUNK_ROWS])
+        self.climb()
+
+    def climb(self, rounds: int = 50) -> None:
+        """Hill-climb from the incumbent: add, drop or move one instance while that improves it."""
+        if self.best.counts is None:
+            return
+        eye = np.eye(self.m, dtype=np.int64)
+        steps = np.concatenate([eye, -eye, (eye[:, None, :] - eye[None, :, :]).reshape(-1, self.m)])
+        for _ in range(rounds):
+            before = self.best
+            here = np.bincount(self.owner, self.best.counts[self.order], self.m).astype(np.int64)
+            rows = here + steps
+            rows = rows[((rows >= self.lower) & (rows <= self.upper)).all(axis=1) & (rows.sum(axis=1) > 0)]
+            self.consider(rows)
+            if self.best is before:
+                return
 
     def size_rates(self, n: int) -> np.ndarray:
         """Iteration rate of one instance of each class in a cluster of n."""
