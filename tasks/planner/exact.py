@@ -32,6 +32,7 @@ Objective = Literal["cost", "time"]
 _CHUNK_ROWS = 1 << 15
 _ENUMERATE_ROWS = 1 << 14
 _ENUMERATE_CHUNK_ROWS = 1 << 18
+_MULTIPLIER_MIN_ROWS = 32  # levels with fewer live prefixes skip the multiplier tests
 _GRID = 32  # multipliers per size at which MultiplierTest takes its fills
 
 
@@ -189,14 +190,14 @@ class BranchAndBound:
         t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
         if np.isfinite(t_bound) and x_root > 0:
             level.time_test = MultiplierTest(item_rate * j_each[owner], item_rate, lower, extra,
-                                             np.geomspace(0.05, 1.0, _GRID) * t_bound * x_root, owner)
+                                             _geometric(0.05 * t_bound * x_root, t_bound * x_root), owner)
         j_root = float(jb.lower(self.suffix_batch_lo[0], self.suffix_batch_hi[0]))
         cost_bound = self.best.cost * (1 + COST_TIE_REL)
         if self.objective == "cost" and np.isfinite(cost_bound) and j_root > 0:
             top = 3600.0 * cost_bound / j_root
             if top > level.ratio_min[0]:
                 level.price_test = MultiplierTest(self.item_price, item_rate, lower, extra,
-                                                  np.geomspace(level.ratio_min[0], top, _GRID), owner)
+                                                  _geometric(level.ratio_min[0], top), owner)
         zero = np.zeros(1)
         self.descend(level, 0, np.zeros((1, self.m), dtype=np.int64), np.array([n]), zero, zero, zero, zero)
 
@@ -273,7 +274,9 @@ class BranchAndBound:
             else:
                 pruned |= j_lo * ratio_lb / 3600.0 > bound
             live = np.flatnonzero(~pruned)
-            if lv.price_test is not None and len(live):
+            if len(live) < _MULTIPLIER_MIN_ROWS:  # a few prefixes: cheaper to expand than to test
+                return ~pruned
+            if lv.price_test is not None:
                 pruned[live] = lv.price_test.fails(k, rem[live], p_f[live], x_f[live], 3600.0 * bound / j_lo[live])
                 live = np.flatnonzero(~pruned)
             if lv.time_test is not None and len(live):
@@ -334,6 +337,11 @@ class _SizeLevels:
     ratio_min: np.ndarray
     price_test: MultiplierTest | None  # cost within the incumbent's
     time_test: MultiplierTest | None  # time within the deadline (and the incumbent's, for time)
+
+
+def _geometric(lo: float, hi: float) -> np.ndarray:
+    """_GRID multipliers from lo to hi, evenly spaced in ratio (hi itself last)."""
+    return lo * (hi / lo) ** (np.arange(_GRID) / (_GRID - 1))
 
 
 def compositions(problem: Problem, start: int, stop: int) -> np.ndarray:
