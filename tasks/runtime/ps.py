@@ -85,8 +85,8 @@ class ParameterServer:
         self.state = whole.state[self.lo:self.hi]  # this PS's range: [parameters | buffers] of the flat vector
         self.param_numel = max(0, min(self.hi, self.layout.param_numel) - self.lo)
         self.params = self.state[:self.param_numel]
-        # one flat tensor: every optimizer step is a few vector operations, not a loop over tensors
-        self.optimizer = self.workload.make_optimizer([self.params])
+        # one flat tensor: every optimizer step is one fused pass, not a loop over tensors
+        self.optimizer = fused(self.workload.make_optimizer([self.params]))
         self.flat_size = self.hi - self.lo
         self.lock = threading.Lock()
         self.version = 0
@@ -105,6 +105,7 @@ class ParameterServer:
         self._pending_checkpoint: dict | None = None
         self._wake = threading.Event()  # set when a checkpoint snapshot waits to be written
         self._published: tuple[int, torch.Tensor] | None = None  # (version, copy of the state) workers pull
+        self._pool: dict[torch.Tensor, int] = {}  # copies of the state -> handlers sending them now
         self.epochs = EpochCut(self) if config.num_shards > 1 else None
         self._signalled: str | None = None  # set by a signal handler, acted on by serve()
 
@@ -250,14 +251,25 @@ class ParameterServer:
             return True
 
     def published_state(self) -> tuple[int, torch.Tensor | None]:
-        """(version, the state workers pull) under the lock; one copy per version, shared by every
-        worker that pulls it, so sending it needs no lock. None once stopping."""
+        """(version, the state workers pull); None once stopping. One copy per version, shared by
+        every worker that pulls it, so sending it needs no lock. Copies come from a pool (a fresh
+        100 MB tensor each version would cost more in page faults than the copy): a copy is
+        reused once no handler holds it (`release_state`)."""
         with self.lock:
             if self.stopping:
                 return self.version, None
             if self._published is None or self._published[0] != self.version:
-                self._published = (self.version, self.state.clone())
+                free = [t for t, readers in self._pool.items() if readers == 0 and
+                        (self._published is None or t is not self._published[1])]
+                copy_ = free[0] if free else torch.empty_like(self.state)
+                copy_.copy_(self.state)
+                self._published = (self.version, copy_)
+            self._pool[self._published[1]] = self._pool.get(self._published[1], 0) + 1
             return self._published
+
+    def release_state(self, state: torch.Tensor) -> None:
+        with self.lock:
+            self._pool[state] -= 1
 
     # ------------------------------------------------------------ serving
 
@@ -304,9 +316,12 @@ class ParameterServer:
                     reason = "ps_stop"
                     return
                 reply[0] = wire.CONTINUE
-                self.shaper.transfer(worker_id, nbytes)
-                link.send(reply)
-                link.send(params)
+                try:
+                    self.shaper.transfer(worker_id, nbytes)
+                    link.send(reply)
+                    link.send(params)
+                finally:
+                    self.release_state(params)
         except RuntimeError:
             reason = "lost"
         finally:
@@ -383,6 +398,17 @@ class ParameterServer:
         else:
             with self.lock:
                 self.epochs.stop_if_idle(reason)
+
+FUSED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer, same settings, with torch's fused kernel where it has one (SGD, Adam,
+    AdamW): one pass over the flat vector instead of several, and no temporaries."""
+    if type(optimizer) not in FUSED_OPTIMIZERS or len(optimizer.param_groups) != 1:
+        return optimizer
+    return type(optimizer)(optimizer.param_groups[0]["params"], **{**optimizer.defaults, "fused": True, "foreach": False})
+
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
