@@ -97,9 +97,11 @@ class Shards:
     message per shard, in flight together), each shard getting its range of the flat vector."""
 
     def __init__(self, config: WorkerConfig, numel: int, timeout_s: float):
-        description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
-                       "batch_size": config.batch_size, "nic_mbps": config.nic_mbps, "pid": os.getpid()}
         addresses = [(config.ps_host, config.ps_port), *config.more_ps]
+        # each shard shapes its share of this worker's NIC: the transfers to all shards run at once
+        nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
+        description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
+                       "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid()}
         self.links = [wire.join(host, port, description, timeout_s, config.op_timeout_s)[2] for host, port in addresses]
         self.ranges = flat.shard_ranges(numel, len(self.links))
         self.replies = [wire.new_header() for _ in self.links]
