@@ -32,7 +32,7 @@ HEADER_LEN = 10
 EPOCH, STOP_EPOCH = 8, 9  # header slots of the sharded PS's epoch protocol (both directions)
 PUSH, LEAVE, PULL = 1.0, 2.0, 3.0
 CONTINUE, STOP = 0.0, 1.0
-LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done"}
+LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done", 4.0: "rejoin"}  # rejoin: a half-done join
 REASON_CODES = {name: code for code, name in LEAVE_REASONS.items()}
 COUNTER_KEY = "worker_counter"
 

@@ -102,7 +102,13 @@ class Shards:
         nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
         description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
                        "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid()}
-        self.links = [wire.join(host, port, description, timeout_s, config.op_timeout_s)[2] for host, port in addresses]
+        self.links: list[wire.Link] = []
+        try:
+            for host, port in addresses:
+                self.links.append(wire.join(host, port, description, timeout_s, config.op_timeout_s)[2])
+        except (RuntimeError, TimeoutError):
+            self.leave("rejoin")  # the shards joined so far must not wait for this half-joined worker
+            raise
         self.ranges = flat.shard_ranges(numel, len(self.links))
         self.replies = [wire.new_header() for _ in self.links]
 
@@ -123,6 +129,16 @@ class Shards:
             return False
         self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
         return True
+
+    def leave(self, reason: str) -> None:
+        """Tell every linked shard this worker leaves; a shard that is gone is skipped."""
+        header = wire.new_header()
+        header[0], header[7] = wire.LEAVE, wire.REASON_CODES[reason]
+        for link in self.links:
+            try:
+                link.send(header)
+            except RuntimeError:
+                pass
 
     def epoch_tags(self) -> tuple[float, float]:
         """(epoch, stop epoch) to tag the next push with: the largest any shard advertised."""
@@ -213,7 +229,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             if leave is None and config.max_steps is not None and step >= config.max_steps:
                 leave = "done"
             if leave:
-                shards.send(shards.headers([wire.LEAVE, 0, 0, 0, 0, 0, 0, wire.REASON_CODES[leave]]))
+                shards.leave(leave)
                 return WorkerResult(leave, step, samples_accepted, rejoins)
 
             listener.compute_start(step)
