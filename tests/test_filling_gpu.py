@@ -162,3 +162,36 @@ def test_bench_gpu_without_cuda_is_one_line_exit_2_and_needs_neither_prefect_nor
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "CUDA" in proc.stderr, proc.stderr
+
+
+def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object(monkeypatch, capsys):
+    """run_bench and the table on made-up sections: a section that raises records one line."""
+    import json
+    from types import SimpleNamespace
+
+    from tasks.cli import main
+    from tasks.filling import gpu_check
+
+    fake_torch = SimpleNamespace(__version__="2.x", version=SimpleNamespace(cuda="13.0"),
+                                 cuda=SimpleNamespace(get_device_name=lambda: "Fake GPU"))
+    monkeypatch.setattr(gpu_check, "_require_cuda", lambda: fake_torch)
+    monkeypatch.setattr(gpu_check, "preflight", lambda: None)
+    mode = {"training_retained": 0.99, "fill_efficiency": 0.6, "offline_share_of_solo": 0.4,
+            "spill_share_of_training_time": 0.01, "online_p95_s": 0.02, "online_served_share": 1.0,
+            "guard_shrinks": 2}
+    filling = {"checks": gpu_check.judge({**mode}), "modes": {"gated": mode}, "rounds": 3,
+               "compute_s": 0.028, "comm_s": 0.098, "training": "resnet110-cifar100 batch 128",
+               "inference": "resnet50", "online_rate_per_s": 20.0}
+
+    def broken():
+        raise RuntimeError("CUDA out of memory\nsecond line")
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda: dict(filling), "runtime": broken,
+                                                "profile": lambda: {"max_batch_per_gpu": 4096},
+                                                "train": lambda: {"updates": 10}})
+    assert main(["bench", "gpu", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["device_name"] == "Fake GPU" and result["runtime"]["error"] == "RuntimeError: CUDA out of memory"
+    assert result["targets_met"] is True and result["profile"]["max_batch_per_gpu"] == 4096
+    table = gpu_check.format_table(result)
+    assert "Fake GPU" in table and "runtime" in table and "target online_p95_s <= 0.05: 0.02 met" in table

@@ -106,46 +106,59 @@ def runtime_section() -> dict:
     return {k: v for k, v in result.items() if isinstance(v, (int, float, str, dict)) and k != "run_dir"}
 
 
-def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, steps: int = 5) -> dict:
-    """Step time (CUDA events, median of `steps` after one warm-up) and peak memory per batch size,
-    the memory fit and the largest power-of-two batch the GPU's memory admits."""
-    torch = _require_cuda()
+def _timed_step_s(job, step: int) -> float:
+    """One training step's time: the GPU's (CUDA events) on CUDA, the host's on the CPU."""
+    t0 = time.perf_counter()
+    device_s = job.compute(step)
+    return time.perf_counter() - t0 if device_s is None else device_s
+
+
+def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, steps: int = 5,
+                    options: dict | None = None, device: str = "cuda") -> dict:
+    """Step time (median of `steps` after one warm-up) and peak memory per batch size, the memory
+    fit and the largest power-of-two batch the GPU's memory admits (`device` cpu: a dry run of
+    the same code, memory as tasks.profiling.memory counts it there, 'GPU memory' = 16 GB)."""
     from tasks.filling.trainloop import TrainingJob
     from tasks.profiling.fit import fit_memory, max_batch_per_gpu
     from tasks.profiling.memory import measure_memory
 
+    torch = _require_cuda() if device == "cuda" else None
     step_ms = {}
     for batch in batches:
-        job = TrainingJob.from_workload(workload, {}, batch, "cuda")
+        job = TrainingJob.from_workload(workload, options, batch, device)
         job.compute(0)
-        step_ms[batch] = 1e3 * statistics.median(job.compute(i) for i in range(1, steps + 1))
+        step_ms[batch] = 1e3 * statistics.median(_timed_step_s(job, i) for i in range(1, steps + 1))
         del job
-        torch.cuda.empty_cache()
-    described, points = measure_memory(workload, {}, list(batches), device="cuda")
+        if torch is not None:
+            torch.cuda.empty_cache()
+    described, points = measure_memory(workload, options, list(batches), device=device)
     fit = fit_memory([p.batch_per_gpu for p in points], [p.peak_bytes for p in points])
-    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if torch is not None else 16.0
     return {"workload": workload, "device": described, "step_ms": step_ms,
             "peak_mb": {p.batch_per_gpu: p.peak_bytes / 1e6 for p in points},
             "memory_fit": fit.params, "memory_fit_r2": fit.r2, "gpu_memory_gb": total_gb,
             "max_batch_per_gpu": max_batch_per_gpu(fit.params["alpha2"], fit.params["beta2"], total_gb)}
 
 
-def train_section(window_s: float = TRAIN_WINDOW_S) -> dict:
-    """The runtime with filling on: a PS and TRAIN_WORKERS workers (--fill, --device cuda; the
-    inference model and sizes through $SPOTFILL_FILL_CONFIG), then the workers' own reports."""
-    _require_cuda()
+def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLOAD,
+                  options: dict | None = None, batch: int = TRAIN_BATCH, fill: dict = TRAIN_FILL,
+                  device: str = "cuda") -> dict:
+    """The runtime with filling on: a PS and TRAIN_WORKERS workers (--fill, --device; the
+    inference model and sizes through $SPOTFILL_FILL_CONFIG), then the workers' own reports
+    (`device` cpu with small sizes: a dry run of the same code)."""
+    if device == "cuda":
+        _require_cuda()
     from tasks.filling.attach import CONFIG_ENV, read_worker_metrics
     from tasks.providers.local import LocalProvider
     from tasks.runtime import driver
 
     provider = LocalProvider(bandwidth_scale=TRAIN_BANDWIDTH_SCALE)
     run_id = time.strftime("gpu-check-%Y%m%dT%H%M%S")
-    run = driver.start_run(provider, run_id, TRAIN_WORKLOAD)
+    run = driver.start_run(provider, run_id, workload, workload_options=options)
     metrics_dir = run.run_dir / "filling"
-    fill_args = ("--device", "cuda", "--fill", "--fill-online-rate", repr(TRAIN_FILL["online_rate_per_s"]),
-                 "--fill-online-slo-s", repr(TRAIN_FILL["slo_s"]), "--fill-metrics-dir", str(metrics_dir))
-    startup = replace(driver.worker_startup(run, TRAIN_BATCH, fill_args),
-                      env={CONFIG_ENV: json.dumps(TRAIN_FILL)})
+    fill_args = ("--device", device, "--fill", "--fill-online-rate", repr(fill["online_rate_per_s"]),
+                 "--fill-online-slo-s", repr(fill["slo_s"]), "--fill-metrics-dir", str(metrics_dir))
+    startup = replace(driver.worker_startup(run, batch, fill_args), env={CONFIG_ENV: json.dumps(fill)})
     try:
         provider.launch(run_id, "p0", TRAIN_TYPE, TRAIN_WORKERS, role="worker", market="spot", startup=startup)
         first = driver.wait_for(run, lambda p: p.updates_total > 0, timeout_s=180)
@@ -159,8 +172,7 @@ def train_section(window_s: float = TRAIN_WINDOW_S) -> dict:
     total = lambda key: sum(m.get(key) or 0 for m in workers)  # noqa: E731
     slowdowns = [m["compute_slowdown"] for m in workers if m.get("compute_slowdown") is not None]
     return {
-        "workload": f"{TRAIN_WORKLOAD} batch {TRAIN_BATCH}", "workers": TRAIN_WORKERS,
-        "inference": TRAIN_FILL["model"], "updates": final.updates_total,
+        "workload": f"{workload} batch {batch}", "workers": TRAIN_WORKERS, "inference": fill["model"], "updates": final.updates_total,
         "updates_per_s": (final.updates_total - updates_0) / elapsed_s,
         "smoothed_loss": final.smoothed_loss, "workers_reporting": len(workers),
         "inference_samples": total("inference_samples"),
