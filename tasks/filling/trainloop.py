@@ -57,6 +57,7 @@ class TrainingJob:
             self.stream = training_stream(device)  # first: it refuses cleanly without CUDA
             self.model.to(device)
             batches = [(x.to(device), y.to(device)) for x, y in batches]
+            self.stream.wait_stream(torch.cuda.current_stream())  # the copies above come first
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
         self.batches = batches
