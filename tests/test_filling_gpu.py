@@ -195,3 +195,20 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     assert result["targets_met"] is True and result["profile"]["max_batch_per_gpu"] == 4096
     table = gpu_check.format_table(result)
     assert "Fake GPU" in table and "runtime" in table and "target online_p95_s <= 0.05: 0.02 met" in table
+
+
+def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_path):
+    import json
+
+    from tasks.filling.attach import read_worker_metrics
+    from tasks.pipeline.report import inference_harvested
+
+    (tmp_path / "filling").mkdir()
+    for name, samples, slowdown in (("a", 100, 0.01), ("b", 50, 0.03), ("c", 7, None)):
+        (tmp_path / "filling" / f"{name}.json").write_text(json.dumps(
+            {"offline_samples": samples, "online_served": 2, "compute_slowdown": slowdown}))
+    (tmp_path / "filling" / "d.json").write_text("{half")  # a worker caught mid-write
+    assert len(read_worker_metrics(tmp_path / "filling")) == 3
+    totals = inference_harvested(tmp_path)
+    assert (totals["workers"], totals["offline_samples"], totals["online_requests"]) == (3, 157, 6)
+    assert totals["compute_slowdown_max"] == pytest.approx(0.03)
