@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.errors import UserInputError
-from tasks.filling.attach import FillConfig, assemble
+from tasks.filling.attach import FillConfig, assemble, check_memory_fits
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.trainloop import TrainingJob
 
@@ -203,6 +203,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubbl
     if max_s is not None:
         s["max_s"] = max_s
     config = bench_config(device, online_rate)
+    check_memory_fits(config, copies=len(MODES) + 1)  # every mode's filler and inference alone
     started_s = time.perf_counter()
     job = training_job(device)
     job.set_bubble(profile_bubble_s(job.param_mb, bubble["instance_type"], scale=bubble["bubble_scale"]))
