@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tasks.errors import UserInputError
-from tasks.model import Model
+from tasks.model import Model, contended_bandwidth_mbps
 from tasks.profiling.clusters import smoothed_losses, worker_observations
 from tasks.profiling.fit import (
     LossSeries, cluster_shape, crossings, fit_contention, fit_loss_curve, fit_memory, fit_profile, loss_band,
-    loss_curve, max_batch_per_gpu, worker_bandwidth_mbps,
+    loss_curve, max_batch_per_gpu,
 )
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
@@ -49,15 +49,15 @@ def test_memory_fit_rejects_too_few_points_and_flat_memory():
 
 def _contention_data(alpha1, beta1, noise=0.01):
     n = np.repeat([2, 4, 7], [2, 4, 7])
-    comm = 2 * S_MB / worker_bandwidth_mbps(n, alpha1, beta1, BREQ, BPS)
+    comm = 2 * S_MB / contended_bandwidth_mbps(n, alpha1, beta1, BREQ, BPS)
     return n, comm * (1 + noise * RNG.standard_normal(len(n)))
 
 
 def test_contention_fit_recovers_alpha1_beta1():
     n, comm = _contention_data(0.6, -0.75, noise=0.0)
     q = fit_contention(n, comm, [1] * len(n), param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
-    bwk = worker_bandwidth_mbps(np.array([4, 7]), q.params["alpha1"], q.params["beta1"], BREQ, BPS)
-    assert bwk == pytest.approx(worker_bandwidth_mbps(np.array([4, 7]), 0.6, -0.75, BREQ, BPS), rel=1e-4)
+    bwk = contended_bandwidth_mbps(np.array([4, 7]), q.params["alpha1"], q.params["beta1"], BREQ, BPS)
+    assert bwk == pytest.approx(contended_bandwidth_mbps(np.array([4, 7]), 0.6, -0.75, BREQ, BPS), rel=1e-4)
     assert q.r2 > 0.999
     assert len(q.residuals) == len(n)
 
@@ -65,7 +65,7 @@ def test_contention_fit_recovers_alpha1_beta1():
 def test_contention_fit_needs_the_contention_regime_and_two_sizes():
     with pytest.raises(ProfilingError, match="too few points"):
         fit_contention([1, 1, 1], [0.05] * 3, [1] * 3, param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
-    with pytest.raises(ProfilingError, match="one size"):
+    with pytest.raises(ProfilingError, match="one PS load"):
         fit_contention([4] * 4, [0.1] * 4, [1] * 4, param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
 
 
@@ -161,7 +161,7 @@ def _measurements():
     clusters = []
     for cluster in ({"fast": 1, "slow": 1}, {"fast": 1, "slow": 3}, {"fast": 6, "slow": 1}):
         n = sum(cluster.values())
-        comm_s = 2 * S_MB / float(worker_bandwidth_mbps(np.array(n), 0.6, -0.75, BREQ, BPS))
+        comm_s = 2 * S_MB / float(contended_bandwidth_mbps(np.array(n), 0.6, -0.75, BREQ, BPS))
         workers = [WorkerObservation(worker=k, type=t, batch=8 * (1 if t == "fast" else 2), updates=100,
                                      compute_time_s=c, comm_time_s=comm_s, iteration_time_s=c + comm_s)
                    for k, (t, c) in enumerate([(t, 0.1 if t == "fast" else 0.22)
@@ -265,7 +265,7 @@ def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypat
         calls.append((run_id, dict(prediction.cluster)))
         seconds = 10.0 + len(calls)  # every run a different length, so the means are checkable
         return validate.RunObservation(
-            observed_time_s=seconds, observed_iterations=100 + len(calls), predicted_time_s=11.0, baseline_time_s=9.0,
+            observed_time_s=seconds, observed_iterations=100 + len(calls), predicted_time_s=11.0, paper_time_s=12.0, baseline_time_s=9.0,
             speed_time_s=10.5, baseline_speed_time_s=8.5, observed_iteration_time_s=0.1, start_skew_s=0.5, wall_s=seconds)
 
     monkeypatch.setattr(validate, "run_once", fake_run_once)
