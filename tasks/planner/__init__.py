@@ -46,7 +46,7 @@ def solve_problem(problem: Problem) -> PlanResult:
         level = problem.request.confidence
         at = "" if level is None else f" at the upper end of its {level:.0%} interval"
         msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas takes "
-               f"{fastest * problem.time_factor:.1f} s{at} and {have:.1f} s are available"
+               f"{fastest * problem.time_factor:.1f} s{' there' if at else ''} and {have:.1f} s are available"
                + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
         if solver == "heuristic" and np.isfinite(fastest) and fastest <= have:
             msg = (f"the heuristic found no plan within its size bounds; the exact solver may "
