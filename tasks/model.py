@@ -3,7 +3,8 @@
 `evaluate` takes many candidate clusters at once (a K x M matrix of instance counts over the
 profile's M types) and returns their predicted iteration time, WA batch size, convergence
 coefficient, iterations and training time and cost, so that solvers can score thousands of
-clusters per numpy call.
+clusters per numpy call. The paper's form is the default; a profile may select the extensions
+of model.md (`loss.kappa`, `contention.by = "load"`).
 """
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
   update count, with the cluster's WA batch size bw, convergence coefficient R and size n; the
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
+The model's form (the paper's, a free n-exponent kappa, contention by PS load, or both) is chosen
+by leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
 """
