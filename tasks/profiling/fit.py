@@ -279,9 +279,10 @@ class ProfiledCluster:
     cluster: dict[str, int]
     series: LossSeries  # its crossings of the common loss band
     loads: dict[str, float]  # its PS load by each contention form: {"workers": n, "load": n_eff}
+    types: tuple[str, ...]  # each worker's type
+    compute_s: np.ndarray  # each worker's median compute time
     comm_s: np.ndarray  # each worker's median push + pull time
     gpus: np.ndarray  # each worker's GPUs
-    texp_s: float  # observed Texp = 1 / sum(1 / T_i) of its workers' median iteration times
 
 
 # The forms the fit chooses from (model.md, Extensions): the paper's, each extension, both.
@@ -291,7 +292,7 @@ FORMS = {"paper": (False, "workers"), "kappa": (True, "workers"), "load": (False
 class FormCandidate(BaseModel):
     """One form of the model, fitted on all profiled clusters, and its held-out error: each
     profiled cluster predicted by the form fitted on the others (time to every loss level of the
-    band: predicted iterations * predicted Texp against the observed crossing * observed Texp)."""
+    band, `_held_out_errors`)."""
 
     name: str
     contention: dict  # alpha1, beta1, by
@@ -305,6 +306,9 @@ class FormChoice(BaseModel):
     chosen: str
     method: str = "leave-one-cluster-out"
     candidates: list[FormCandidate]
+    # held-out clusters without which the contention fit had too few PS loads: their folds reuse
+    # the contention fit on all clusters (only the loss curve was held out)
+    contention_not_held_out: list[str] = []
 
     def candidate(self, name: str) -> FormCandidate:
         return next(c for c in self.candidates if c.name == name)
@@ -319,14 +323,21 @@ def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) 
     return out
 
 
-def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None):
+def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
+               contention_if_unfit: dict[str, FitQuality] | None = None):
     """The contention fit of each form and the loss fit with and without a free kappa (the two
-    are independent: the loss fit reads measured shapes, the contention fit no losses)."""
+    are independent: the loss fit reads measured shapes, the contention fit no losses). Where
+    the clusters leave the contention fit too few PS loads, `contention_if_unfit` stands in."""
     contention = {}
     for by in ("workers", "load"):
-        contention[by] = fit_contention(np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
-                                        np.concatenate([c.comm_s for c in clusters]),
-                                        np.concatenate([c.gpus for c in clusters]), max_nfev=max_nfev, **comm_args)
+        try:
+            contention[by] = fit_contention(np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
+                                            np.concatenate([c.comm_s for c in clusters]),
+                                            np.concatenate([c.gpus for c in clusters]), max_nfev=max_nfev, **comm_args)
+        except ProfilingError:
+            if contention_if_unfit is None:
+                raise
+            contention[by] = contention_if_unfit[by]
     loss = {free: fit_loss_curve([c.series for c in clusters], free_kappa=free, max_nfev=max_nfev)
             for free in (False, True)}
     return contention, loss
@@ -338,11 +349,19 @@ def _form_params(contention: dict[str, FitQuality], loss: dict[bool, FitQuality]
 
 
 def _held_out_errors(model: Model, c: ProfiledCluster) -> np.ndarray:
-    """log(predicted / observed) time to each loss level the cluster crossed (a prediction of 0
-    or infinity counts as a factor of 1000)."""
-    r = model.evaluate(model.counts_vector(c.cluster), float(c.series.losses[0]))
+    """log(predicted / observed) time to each loss level the cluster crossed: predicted
+    iterations times Texp of the workers' measured compute plus the model's push + pull, against
+    the observed crossing times Texp of the measured compute plus push + pull. Compute is
+    measured, not predicted, on both sides: the model takes it from each type alone, and the
+    profiling clusters, trained side by side, ran it slower than a cluster alone does, which is
+    no error of the model's forms. A prediction of 0 or infinity counts as a factor of 1000."""
+    counts = model.counts_vector(c.cluster)
+    r = model.evaluate(counts, float(c.series.losses[0]))
     predicted_j = model.iterations(r["wa_batch"], r["cc"], r["workers"], c.series.losses)
-    ratio = predicted_j * r["iteration_time_s"] / (np.maximum(c.series.updates, 1.0) * c.texp_s)
+    index = [model.types.names.index(t) for t in c.types]
+    comm_s = (model.cluster_iteration_times_s(counts)[0] - model.types.compute_s)[index]
+    ratio = (predicted_j / np.sum(1.0 / (c.compute_s + comm_s))) / (
+        np.maximum(c.series.updates, 1.0) / np.sum(1.0 / (c.compute_s + c.comm_s)))
     return np.log(np.clip(ratio, 1e-3, 1e3))
 
 
@@ -355,12 +374,15 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
     contention, loss = _fit_parts(clusters, comm_args, max_nfev)
     errors: dict[str, dict[str, float]] = {form: {} for form in FORMS}
     failed: dict[str, str] = {}
+    kept_contention = []
     for k, held_out in enumerate(clusters):
         try:
-            parts = _fit_parts([c for i, c in enumerate(clusters) if i != k], comm_args, max_nfev)
+            parts = _fit_parts([c for i, c in enumerate(clusters) if i != k], comm_args, max_nfev, contention)
         except ProfilingError as err:
             failed = {form: f"without {cluster_label(held_out.cluster)}: {err}" for form in FORMS}
             break
+        if any(parts[0][by] is contention[by] for by in contention):
+            kept_contention.append(cluster_label(held_out.cluster))
         for form in FORMS:
             model = Model.from_profile(profile_with(*_form_params(*parts, form)))
             errors[form][cluster_label(held_out.cluster)] = float(np.sqrt(np.mean(_held_out_errors(model, held_out) ** 2)))
@@ -374,7 +396,8 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
     scored = [c for c in candidates if c.cv_time_log_rms is not None]
     chosen = min(scored, key=lambda c: c.cv_time_log_rms).name if scored else "paper"  # min keeps the first on ties
     free, by = FORMS[chosen]
-    return FormChoice(chosen=chosen, candidates=candidates), {"contention": contention[by], "loss": loss[free]}
+    return (FormChoice(chosen=chosen, candidates=candidates, contention_not_held_out=kept_contention),
+            {"contention": contention[by], "loss": loss[free]})
 
 
 # ---------------------------------------------------------------- the whole profile
@@ -412,9 +435,9 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
         j, levels = crossings(c.losses, top, bottom)
         profiled.append(ProfiledCluster(
             cluster=c.cluster, series=LossSeries(bw, cc, c.n, j, levels), loads=load,
+            types=tuple(w.type for w in c.workers), compute_s=np.array([w.compute_time_s for w in c.workers]),
             comm_s=np.array([w.comm_time_s for w in c.workers]),
-            gpus=np.array([by_type[w.type].gpus for w in c.workers], dtype=float),
-            texp_s=float(1.0 / np.sum(1.0 / np.asarray(times_s)))))
+            gpus=np.array([by_type[w.type].gpus for w in c.workers], dtype=float)))
 
     instances = []
     for m in measurements:
