@@ -1,4 +1,4 @@
-"""Prediction intervals from a profile's measured error spread (model.md, Uncertainty).
+"""Prediction intervals from a profile's measured error spread (docs/model.md, Uncertainty).
 
 A fitted profile carries `uncertainty.time_log_sd`: the spread of log(observed / predicted) time
 on clusters the fit did not see (tasks/profiling/fit.py, choose_form). Taking that error as normal

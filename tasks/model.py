@@ -4,7 +4,7 @@
 profile's M types) and returns their predicted iteration time, WA batch size, convergence
 coefficient, iterations and training time and cost, so that solvers can score thousands of
 clusters per numpy call. The paper's form is the default; a profile may select the extensions
-of model.md (`loss.kappa`, `contention.by = "load"`).
+of docs/model.md (`loss.kappa`, `contention.by = "load"`).
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class Model:
     def ps_load(self, counts: np.ndarray) -> np.ndarray:
         """The PS load of K clusters (K x M counts) in workers: n for contention by workers (the
         paper); for contention by load n_eff = sum_i T_fast / T_i_alone, T_fast the smallest
-        T_alone in the cluster (model.md, Extensions), which is n for one type."""
+        T_alone in the cluster (docs/model.md, Extensions), which is n for one type."""
         counts = np.atleast_2d(np.asarray(counts, dtype=float))
         n = counts.sum(axis=1)
         if self.profile.contention.by != "load":

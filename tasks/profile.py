@@ -22,7 +22,7 @@ class Contention(BaseModel):
     alpha1: float
     beta1: float
     # What loads the PS in Eq. 8-9: the worker count (the paper; null means it) or "load", the
-    # effective count sum_i T_fast / T_i_alone (model.md, Extensions).
+    # effective count sum_i T_fast / T_i_alone (docs/model.md, Extensions).
     by: Literal["workers", "load"] | None = None
 
 

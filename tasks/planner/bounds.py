@@ -10,7 +10,7 @@ price P = sum n_m p_m are linear in the counts. Time is j / X and cost is j * P 
   valid bound where the fitted curve stops descending);
 - X_max and P_min over the free counts are exact greedy fills (a knapsack row of unit weights);
 - a mediant is never below its smallest ratio: P/X >= min(P_fixed/X_fixed, min_m p_m T_m(n)).
-Both extensions of model.md keep these bounds valid:
+Both extensions of docs/model.md keep these bounds valid:
 - loss.kappa > 0: ((R + gamma4) n) ** kappa still grows with R, so R = 0 still bounds j below;
 - contention by load: T_m depends on the cluster's PS load n_eff, not on n alone, so the rates
   are no longer fixed by n. But every type in a cluster shares one Bwk, n_eff lies in

@@ -285,7 +285,7 @@ class ProfiledCluster:
     gpus: np.ndarray  # each worker's GPUs
 
 
-# The forms the fit chooses from (model.md, Extensions): the paper's, each extension, both.
+# The forms the fit chooses from (docs/model.md, Extensions): the paper's, each extension, both.
 FORMS = {"paper": (False, "workers"), "kappa": (True, "workers"), "load": (False, "load"), "kappa+load": (True, "load")}
 
 
