@@ -97,7 +97,8 @@ class TrainingSession:
         return PlanRequest(
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
-            current_loss=current_loss, solver=self.request.solver, regions=tuple(self.request.regions),
+            current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
+            regions=tuple(self.request.regions),
             **self.risk_options(),
         )
 
@@ -215,7 +216,7 @@ class TrainingSession:
             return 0.0
         model = Model.from_profile(self.profile)
         counts = model.counts_vector(workers)
-        return float(counts @ (1.0 / model.iteration_times_s(np.array(float(counts.sum())))))
+        return float(counts @ (1.0 / model.cluster_iteration_times_s(counts)[0]))
 
     def check_drift(self, obs: Observation) -> float | None:
         """Drift against the cluster this poll saw (no second read of the instance table)."""

@@ -25,7 +25,8 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, MultiplierTest, SuffixFills, size_bounds
+from tasks.planner.bounds import (IterationBound, MultiplierTest, SuffixFills, rate_ceilings, rates_fixed_by_size,
+                                  size_bounds)
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
@@ -100,6 +101,8 @@ class BranchAndBound:
             counts = np.arange(self.lower[c], self.upper[c] + 1)
             fill = np.interp(counts - self.lower[c], np.r_[0.0, np.cumsum(cap)], np.r_[0.0, np.cumsum(cap * p)])
             self.class_price[c, counts] = (self.item_lower[mine] * p).sum() + fill
+        # Contention by load: the rates are ceilings, so a fixed part's mean batch is unknown.
+        self.exact_rates = rates_fixed_by_size(problem)
         self.price_fills = SuffixFills(self.item_price, self.item_lower, self.item_extra, "min", self.owner)
         self.lo_suffix = np.concatenate([np.cumsum(self.lower[::-1])[::-1], [0]])
         self.hi_suffix = np.concatenate([np.cumsum(self.upper[::-1])[::-1], [0]])
@@ -166,8 +169,9 @@ class BranchAndBound:
                 return
 
     def size_rates(self, n: int) -> np.ndarray:
-        """Iteration rate of one instance of each class in a cluster of n."""
-        return 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order][self.first]
+        """Iteration rate of one instance of each class in a cluster of n (with contention by load,
+        a ceiling on it: bounds.rate_ceilings)."""
+        return rate_ceilings(self.problem, np.array([n]))[0][self.order][self.first]
 
     def search_size(self, n: int) -> None:
         self.stats.sizes_searched += 1
@@ -188,7 +192,7 @@ class BranchAndBound:
         )
         x_root = float(x_max.at(0, np.array([n]))[0])
         t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
-        if np.isfinite(t_bound) and x_root > 0:
+        if np.isfinite(t_bound) and x_root > 0 and self.exact_rates:  # L / X needs the true rates
             level.time_test = MultiplierTest(item_rate * j_each[owner], item_rate, lower, extra,
                                              _geometric(0.05 * t_bound * x_root, t_bound * x_root), owner)
         j_root = float(jb.lower(self.suffix_batch_lo[0], self.suffix_batch_hi[0]))
@@ -259,7 +263,10 @@ class BranchAndBound:
 
                 hi = pulled(b_hi, mean_b <= b_hi)
                 lo = pulled(b_lo, mean_b >= b_lo)
-                j_lo = np.where(x_f > 0, lv.jb.lower(lo, hi), lv.jb.lower(b_lo, b_hi))
+                if self.exact_rates:
+                    j_lo = np.where(x_f > 0, lv.jb.lower(lo, hi), lv.jb.lower(b_lo, b_hi))
+                else:  # fixed classes come first in the order, so their batches are >= b_lo
+                    j_lo = np.where(x_f > 0, lv.jb.lower(b_lo, self.suffix_batch_hi[0]), lv.jb.lower(b_lo, b_hi))
                 # P / X: the rest pays at least ratio_min per unit of rate (and p_min in all),
                 # so the mediant is bounded at the end of the rest's rate range nearest to it.
                 rho = lv.ratio_min[k]

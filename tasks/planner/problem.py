@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from tasks.errors import UserInputError
+from tasks.intervals import time_factor
 from tasks.model import Model
 from tasks.profile import Profile
 
@@ -41,6 +42,9 @@ class PlanRequest:
     # instead of the profile's types at its prices (offers.py); quota and existing may then
     # name offers (TYPE@REGION), and quota also types (every region).
     regions: tuple[str, ...] = ()
+    # Meet the deadline at the upper end of the prediction's two-sided interval at this level
+    # (tasks/intervals.py; the profile must carry its measured error spread); None: at the centre.
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Problem:
     model: Model
     lower: np.ndarray
     upper: np.ndarray
-    budget_s: float  # deadline minus overhead
+    budget_s: float  # deadline minus overhead, divided by time_factor
+    time_factor: float = 1.0  # upper end of the confidence interval / central prediction
     offers: dict | None = None  # name -> offers.Offer when planning over regions
 
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
@@ -86,6 +91,9 @@ class PlanResult:
     message: str = ""
     meet_probability: float | None = None  # solver="risk": estimated P(meeting the deadline)
     offers: dict[str, dict] | None = None  # planning over regions: each planned offer (Offer.to_json)
+    # with a confidence level: level, time_factor, upper_time_s, central_cost_usd (the plan at
+    # the centre's cost) and extra_cost_usd (what meeting the deadline at the upper end adds)
+    confidence: dict | None = None
 
     @property
     def feasible(self) -> bool:
@@ -103,6 +111,7 @@ class PlanResult:
             "solver": self.solver,
             "solve_seconds": self.solve_seconds,
             **({} if self.offers is None else {"offers": self.offers}),
+            **({} if self.confidence is None else {"confidence": self.confidence}),
         }
 
 
@@ -168,7 +177,8 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(
             f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
         )
-    return Problem(req, model, lower, upper, budget_s, offers)
+    factor = 1.0 if req.confidence is None else time_factor(profile, req.confidence, "confidence")
+    return Problem(req, model, lower, upper, budget_s / factor, factor, offers)
 
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
