@@ -192,14 +192,14 @@ class BranchAndBound:
         )
         x_root = float(x_max.at(0, np.array([n]))[0])
         t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
-        if np.isfinite(t_bound) and x_root > 0 and self.exact_rates:  # L / X needs the true rates
+        if 0 < t_bound < np.inf and x_root > 0 and self.exact_rates:  # L / X needs the true rates
             level.time_test = MultiplierTest(item_rate * j_each[owner], item_rate, lower, extra,
                                              _geometric(0.05 * t_bound * x_root, t_bound * x_root), owner)
         j_root = float(jb.lower(self.suffix_batch_lo[0], self.suffix_batch_hi[0]))
         cost_bound = self.best.cost * (1 + COST_TIE_REL)
         if self.objective == "cost" and np.isfinite(cost_bound) and j_root > 0:
             top = 3600.0 * cost_bound / j_root
-            if top > level.ratio_min[0]:
+            if top > level.ratio_min[0] > 0:
                 level.price_test = MultiplierTest(self.item_price, item_rate, lower, extra,
                                                   _geometric(level.ratio_min[0], top), owner)
         zero = np.zeros(1)
