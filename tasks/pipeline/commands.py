@@ -97,7 +97,10 @@ def prefect_defaults() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tasks.runtime.workloads import check_workload
+
     request = build_request(args)
+    check_workload(request.workload, request.workload_options)  # before Prefect or any process starts
     prefect_defaults()
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline import stages

@@ -55,7 +55,7 @@ def _setup(args):
     import dataclasses
 
     from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import build_workload, parse_options
+    from tasks.runtime.workloads import check_workload, parse_options
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -68,7 +68,7 @@ def _setup(args):
     if args.cluster_duration is not None:
         changes["cluster_duration_s"] = args.cluster_duration
     preset = dataclasses.replace(preset, **changes)
-    build_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
+    check_workload(preset.workload, preset.workload_options)  # a bad name, option or plug-in fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation
 

@@ -22,7 +22,7 @@ from tasks.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime.ps import READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
-from tasks.runtime.workloads import build_workload
+from tasks.runtime.workloads import check_workload
 
 
 @dataclass
@@ -56,12 +56,14 @@ def _option_args(options: dict) -> list[str]:
 
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
-               max_updates: int | None = None, target_loss: float | None = None) -> Startup:
+               max_updates: int | None = None, target_loss: float | None = None,
+               async_rule: str | None = None) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
-                        ("--max-updates", max_updates), ("--target-loss", target_loss)):
+                        ("--max-updates", max_updates), ("--target-loss", target_loss),
+                        ("--async-rule", async_rule)):
         if value is not None:
             argv += [flag, str(value)]
     return Startup(tuple(argv))
@@ -71,15 +73,17 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               run_dir: Path | None = None, ps_type: str | None = None, port: int | None = None,
               ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
-              target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0) -> TrainingRun:
+              target_loss: float | None = None, async_rule: str | None = None, plan_id: str = "ps",
+              ready_timeout_s: float = 120.0) -> TrainingRun:
     """Start the PS as an on-demand instance and wait until it listens. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
     are idempotent per plan id) and the old port, so the workers find it again."""
     workload_options = workload_options or {}
-    build_workload(workload, workload_options)  # a bad name fails here, before anything starts
+    check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
-    run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id)
+    # absolute: the PS runs in another working directory (the local provider's is the repository)
+    run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / READY_FILE).unlink(missing_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
@@ -87,7 +91,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     ps_type = ps_type or provider.list_types()[0].name
     startup = ps_startup(run_dir, port, workload, workload_options, ps_mbps=ps_mbps,
                          checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
-                         max_updates=max_updates, target_loss=target_loss)
+                         max_updates=max_updates, target_loss=target_loss, async_rule=async_rule)
     launched = provider.launch(run_id, plan_id, ps_type, 1, role="ps", market="on-demand", startup=startup)
     ps_instance = launched.instances[0]
     deadline_s = time.monotonic() + ready_timeout_s
@@ -100,7 +104,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss)
+                    target_loss=target_loss, async_rule=async_rule)
     return TrainingRun(run_id, run_dir, provider, f"{ps_instance.address}:{port}", ps_instance,
                        workload, workload_options, settings)
 
