@@ -142,7 +142,7 @@ class TrainingSession:
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
-                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s)
+                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
         """Start what `plan` has beyond the running workers; returns what was started. A short

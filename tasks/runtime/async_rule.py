@@ -21,7 +21,10 @@ step, so it works the same whether the PS holds per-tensor or flat parameters.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch-free at import: the CLI lists the rules without loading torch
+    import torch
 
 STALENESS_SMOOTHING = 0.05  # EMA factor of the running mean staleness (about the last 20 updates)
 

@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 
 from tasks.cli_args import counts, positive_float, positive_int
-
-ASYNC_RULES = ("momentum", "sqrt", "inverse")  # tasks/runtime/async_rule.py RULES (not imported: torch)
+from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-compute-s", type=positive_float, default=None,
                    help="emulated compute time per iteration of a relative-speed-1 type")
     p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
-    p.add_argument("--async-rule", choices=ASYNC_RULES, default=None,
-                   help="how the PS applies a stale gradient (default: momentum; docs/runtime.md)")
+    p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
+                   help=f"how the PS applies a stale gradient (default: {DEFAULT_RULE}; docs/runtime.md)")
     p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
     p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
     p.add_argument("--notice-s", type=positive_float, default=5.0, help="revocation notice period")
