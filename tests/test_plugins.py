@@ -2,11 +2,18 @@
 anything starts, and asynchronous training of untuned models on mixed workers."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tasks.errors import UserInputError
 from tasks.runtime.workloads import Workload, check_workload
 
+REPO = Path(__file__).resolve().parents[1]
 PLUGINS = ["regression", "classifier", "recurrent", "adam_cnn"]
 
 
@@ -54,3 +61,30 @@ def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp
     assert len(err.strip().splitlines()) == 1
     with pytest.raises(UserInputError, match="workload"):
         check_workload(spec)
+
+
+def _doc_example() -> str:
+    text = (REPO / "docs" / "plugins.md").read_text()
+    block = text.split("<!-- plugin-example -->", 1)[1]
+    return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_guide_example_is_the_tested_plugin():
+    assert _doc_example() == (REPO / "tests" / "plugins" / "regression.py").read_text()
+
+
+@pytest.mark.slow
+def test_the_guide_example_trains_on_mixed_workers_from_a_folder_outside_the_repository(tmp_path):
+    """As a user runs it: my_model.py in their own folder, the console script started there; the
+    parameter server and workers run in the repository folder and still find the module and the
+    run directory."""
+    (tmp_path / "my_model.py").write_text(_doc_example())
+    spotfill = Path(sys.executable).with_name("spotfill")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(spotfill), "train", "--workload", "my_model:build", "--workers",
+                           "p3.2xlarge=2,g3.8xlarge=1", "--batch-size", "32", "--max-updates", "150", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["updates"] >= 150 and result["stopped"] == "max_updates"
+    assert result["smoothed_loss"] < 1.0  # from about 11 (the targets' variance is 16)

@@ -78,7 +78,22 @@ class MomentumRule(AsyncRule):
         return max(0.0, configured - implicit_momentum(self.mean_staleness))
 
 
-RULES: dict[str, type[AsyncRule]] = {"sqrt": SqrtRule, "inverse": InverseRule, "momentum": MomentumRule}
+class MomentumFlatRule(MomentumRule):
+    default_lr_power = 0.0
+
+
+class MomentumMultRule(AsyncRule):
+    def momentum(self, configured: float) -> float:
+        return max(0.0, 1.0 - (1.0 - configured) / (1.0 - implicit_momentum(self.mean_staleness)))
+
+
+class MomentumMultFlatRule(MomentumMultRule):
+    default_lr_power = 0.0
+
+
+RULES: dict[str, type[AsyncRule]] = {"sqrt": SqrtRule, "inverse": InverseRule, "momentum": MomentumRule,
+                                     "momentum-flat": MomentumFlatRule, "momentum-mult": MomentumMultRule,
+                                     "momentum-mult-flat": MomentumMultFlatRule}
 DEFAULT_RULE = "momentum"
 
 
