@@ -4,20 +4,21 @@ A gradient computed on parameters s versions old (its staleness) is applied afte
 Two effects follow, and each rule answers them differently:
 - asynchrony acts as momentum (Mitliagkas et al., "Asynchrony begets momentum", 2016): with n
   workers the implicit momentum is about 1 - 1/n, on top of the optimizer's own (SGD's momentum,
-  Adam's beta1), so the total can pass 1 and the run stalls or diverges;
-- a stale gradient points where the parameters were, so its step should shrink as s grows
+  Adam's beta1), so the total nears 1 and the run stalls or diverges;
+- a stale gradient points where the parameters were, so its step may shrink as s grows
   (staleness-aware ASGD, Zhang et al. 2016: lr / s).
 
-Rules (by name, `PsConfig.async_rule`, `spotfill train --async-rule`, `TrainRequest.async_rule`):
-- `sqrt`: lr / sqrt(1 + s); the optimizer's momentum as configured (the rule the built-in
-  workloads were tuned with);
-- `inverse`: lr / (1 + s) (Zhang et al.); momentum as configured;
-- `momentum`: lr / sqrt(1 + s), and the explicit momentum lowered by the implicit one,
-  max(0, mu - (1 - 1/n)), with n = 1 + the running mean staleness (measured, so it follows the
-  cluster as workers join and leave). One worker (s = 0) trains exactly as `sqrt` does.
-
-Each rule sets the learning rate (and momentum) on the optimizer's parameter groups just before its
-step, so it works the same whether the PS holds per-tensor or flat parameters.
+Rules (by name: `PsConfig.async_rule`, `spotfill train|run --async-rule`, `TrainRequest.async_rule`):
+- `momentum` (the default): the explicit momentum lowered so that explicit and implicit momentum
+  together equal the configured one, (1 - mu') (1 - 1/n) = 1 - mu, i.e. mu' = max(0, 1 - n (1 - mu)),
+  with n = 1 + the running mean staleness (measured, so it follows the cluster as workers join and
+  leave); the learning rate undamped. One worker (s = 0) trains exactly as configured;
+- `sqrt`: lr / sqrt(1 + s), momentum as configured (the rule the built-in workloads were first
+  tuned with);
+- `inverse`: lr / (1 + s) (Zhang et al.), momentum as configured.
+Chosen by measurement on user-style plug-ins and the built-ins (BENCHMARKS.md, "Bring your own
+model"). Each rule sets the learning rate and momentum of the optimizer's parameter groups just
+before its step, so it works the same whether the PS holds per-tensor or flat parameters.
 """
 from __future__ import annotations
 
@@ -74,26 +75,13 @@ class InverseRule(AsyncRule):
 
 
 class MomentumRule(AsyncRule):
-    def momentum(self, configured: float) -> float:
-        return max(0.0, configured - implicit_momentum(self.mean_staleness))
-
-
-class MomentumFlatRule(MomentumRule):
     default_lr_power = 0.0
 
-
-class MomentumMultRule(AsyncRule):
     def momentum(self, configured: float) -> float:
         return max(0.0, 1.0 - (1.0 - configured) / (1.0 - implicit_momentum(self.mean_staleness)))
 
 
-class MomentumMultFlatRule(MomentumMultRule):
-    default_lr_power = 0.0
-
-
-RULES: dict[str, type[AsyncRule]] = {"sqrt": SqrtRule, "inverse": InverseRule, "momentum": MomentumRule,
-                                     "momentum-flat": MomentumFlatRule, "momentum-mult": MomentumMultRule,
-                                     "momentum-mult-flat": MomentumMultFlatRule}
+RULES: dict[str, type[AsyncRule]] = {"momentum": MomentumRule, "sqrt": SqrtRule, "inverse": InverseRule}
 DEFAULT_RULE = "momentum"
 
 

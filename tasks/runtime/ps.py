@@ -4,11 +4,9 @@ as it arrives (asynchronous SGD), and tracks per-worker staleness.
 One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
 applied exactly once and counted once. A worker's learning rate follows its batch size
 (Workload.lr_for_batch); the asynchronous update rule (tasks/runtime/async_rule.py, `async_rule`)
-then damps it by the update's staleness s, lr / (1 + s) ** staleness_lr_power, and by default
-lowers the optimizer's momentum by the momentum asynchrony itself adds. With the default power 0.5 an n-worker cluster (s about n - 1) needs about
-sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
-assumes (shared/design/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
-loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md).
+then sets the step for the update's staleness s: by default it lowers the optimizer's momentum by
+the momentum asynchrony itself adds; `sqrt` and `inverse` damp the learning rate instead,
+lr / (1 + s) ** staleness_lr_power (docs/runtime.md, "Staleness").
 The emulated network (shaping.Shaper) is applied here, where all traffic meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
