@@ -6,7 +6,7 @@ applied exactly once and counted once. A worker's learning rate follows its batc
 (Workload.lr_for_batch); the asynchronous update rule (tasks/runtime/async_rule.py, `async_rule`)
 then sets the step for the update's staleness s: by default it lowers the optimizer's momentum by
 the momentum asynchrony itself adds; `sqrt` and `inverse` damp the learning rate instead,
-lr / (1 + s) ** staleness_lr_power (docs/runtime.md, "Staleness").
+lr / (1 + s) ** staleness_lr_power (docs/runtime.md).
 The emulated network (shaping.Shaper) is applied here, where all traffic meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
