@@ -253,7 +253,11 @@ class TrainingSession:
 
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the
-        profile's compute times so the model matches what is observed, then re-plan."""
+        profile's compute times so the model matches what is observed, then re-plan. No update
+        at all in the window (ratio 0: workers still starting, or all revoked) gives no speed to
+        refit to; the profile is kept and the re-plan alone acts."""
+        if ratio <= 0:
+            return
         data = self.profile.model_dump()
         for inst in data["instances"]:
             inst["compute_time_s"] = inst["compute_time_s"] / ratio
