@@ -34,7 +34,7 @@ EXTRAPOLATION_SHARE = 0.25  # a loss target may lie this share of the profiled f
 
 def band_reached(curves: list[list[tuple[int, float]]]) -> bool:
     """Whether the clusters' smoothed losses share a loss band wide enough to fit the curve on."""
-    if len(curves) < 1 or any(len(c) < 2 for c in curves):
+    if not curves or any(len(c) < 2 for c in curves):
         return False
     try:
         top, bottom = loss_band(curves)
@@ -95,7 +95,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                      clusters: list[dict[str, int]], *, duration_s: float = 30.0, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, ps_bandwidth_mbps: float | None = None,
                      ps_type: str | None = None, side_by_side: int | None = None,
-                     budget_s: float = 600.0, async_rule: str | None = None) -> list[ClusterMeasurement]:
+                     budget_s: float = 300.0, async_rule: str | None = None) -> list[ClusterMeasurement]:
     """Train every cluster for at least `duration_s` seconds of updates each, and on until they
     all cross a common loss band, `side_by_side` at a time (default: all at once), in the order
     given; wave k of m must be done `budget_s` * k / m seconds after the stage started.
