@@ -10,7 +10,9 @@ so the loss falls the way real training does, gradually and with noise:
   ln(vocab) towards the chain's entropy rate.
 
 A plug-in is `package.module:function`; the function takes the workload options as keyword
-arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`).
+arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`, which gets the
+Workload defaults). `check_workload` refuses a bad one with one line before anything starts.
+The user's guide is docs/plugins.md.
 """
 from __future__ import annotations
 
