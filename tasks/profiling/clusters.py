@@ -28,6 +28,7 @@ def loss_smoothing() -> float:
     return PsConfig.__dataclass_fields__["loss_smoothing"].default
 
 
+MEASURED_UPDATES = 3  # steady updates each worker needs for its medians
 BAND_MIN_SHARE = 0.1  # the common band must span this share of the loss's fall (levels to fit on)
 EXTRAPOLATION_SHARE = 0.25  # a loss target may lie this share of the profiled fall below the lowest loss seen
 
@@ -80,7 +81,7 @@ def worker_observations(updates: list[dict], batches: dict[int, int], where: str
     observations = []
     for worker, rows in sorted(by_worker.items()):
         steady = [r for r in rows[WARMUP_UPDATES:] if r["comm_s"] is not None]
-        if len(steady) < 3:
+        if len(steady) < MEASURED_UPDATES:
             raise ProfilingError(f"{where}: worker {worker} made only {len(rows)} updates; "
                                  "too few to measure (run the clusters longer)")
         compute_s = statistics.median(r["compute_s"] for r in steady)
@@ -176,15 +177,20 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                 add_workers(run, instance_type, count, batch_size=batch)
         return run
 
-    def long_enough(p) -> bool:
-        return p.first_update_t is not None and p.last_update_t - p.first_update_t >= duration_s
+    def long_enough(cluster: dict[str, int]):
+        """`duration_s` of updates, and every worker past its warm-up with steps to measure."""
+        def done(p) -> bool:
+            return (p.first_update_t is not None and p.last_update_t - p.first_update_t >= duration_s
+                    and len(p.workers) >= sum(cluster.values())
+                    and all(w.updates >= WARMUP_UPDATES + MEASURED_UPDATES for w in p.workers.values()))
+        return done
 
     factor = loss_smoothing()
     try:
         with ThreadPoolExecutor(len(numbered)) as pool:  # the PSs start side by side
             ordered = list(pool.map(start, numbered))
-        for run in ordered:
-            wait_until(run, long_enough, deadline_s, what=f"within the profiling budget of {budget_s:g} s "
+        for (_, cluster), run in zip(numbered, ordered):
+            wait_until(run, long_enough(cluster), deadline_s, what=f"within the profiling budget of {budget_s:g} s "
                        f"(raise --profile-budget-s)")
         while True:
             curves = earlier + [smoothed_losses(update_records(run), factor) for run in ordered]
