@@ -89,7 +89,11 @@ class TrainRequest(BaseModel):
     async_rule: Literal["momentum", "sqrt", "inverse"] = Field(
         "momentum", description="how the parameter server applies a stale gradient (docs/runtime.md)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
+    regions: list[str] = Field(default_factory=list, description="plan over offers TYPE@REGION in these "
+                               "regions ('all': every priced one; docs/planner.md); empty: the profile's types")
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
+    confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
+                                     "upper end of the model's interval at this level (needs a fitted profile)")
     overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     filling: Filling = Field(default_factory=Filling)
