@@ -84,6 +84,9 @@ def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
         [2 * i.compute_time_s for i in profile.instances])
     after = session.solve_or_fastest(session.plan_request(3000))
     assert after.predicted_cost_usd > before.predicted_cost_usd
+    slowed = session.profile
+    session.refit_for_drift(0.0)  # no update in the window: nothing to refit to, no division by zero
+    assert session.profile == slowed
 
 
 def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):

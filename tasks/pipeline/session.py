@@ -141,7 +141,7 @@ class TrainingSession:
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
-                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s)
+                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
         """Start what `plan` has beyond the running workers; returns what was started. A short
@@ -252,7 +252,11 @@ class TrainingSession:
 
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the
-        profile's compute times so the model matches what is observed, then re-plan."""
+        profile's compute times so the model matches what is observed, then re-plan. No update
+        at all in the window (ratio 0: workers still starting, or all revoked) gives no speed to
+        refit to; the profile is kept and the re-plan alone acts."""
+        if ratio <= 0:
+            return
         data = self.profile.model_dump()
         for inst in data["instances"]:
             inst["compute_time_s"] = inst["compute_time_s"] / ratio
