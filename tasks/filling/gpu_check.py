@@ -103,7 +103,7 @@ def runtime_section() -> dict:
     from tasks.runtime import bench as runtime_bench
 
     result = runtime_bench.run_bench(quick=True)
-    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, dict)) and k != "run_dir"}
+    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, dict, list)) and k != "run_dir"}
 
 
 def _timed_step_s(job, step: int) -> float:
