@@ -44,7 +44,7 @@ class TypeFacts:
     gpus: int
     gpu_model: str
     gpu_memory_gb: float
-    network_mbps: float  # MB/s, the project's bandwidth unit (baseline, not burst)
+    network_mbytes_per_s: float  # megabytes/s, the project's bandwidth unit (baseline, not burst)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def type_facts(described: dict[str, Any]) -> TypeFacts:
         gpus=sum(int(g.get("Count", 0)) for g in gpus),
         gpu_model=" ".join(filter(None, [gpus[0].get("Manufacturer"), gpus[0].get("Name")])) or "none",
         gpu_memory_gb=float(gpu_info.get("TotalGpuMemoryInMiB", 0)) / 1024.0,
-        network_mbps=baseline_gbps * 1000.0 / 8.0,
+        network_mbytes_per_s=baseline_gbps * 1000.0 / 8.0,
     )
 
 
@@ -258,7 +258,7 @@ def build_catalog(
             gpus=f.gpus,
             gpu_model=f.gpu_model,
             gpu_memory_gb=f.gpu_memory_gb,
-            network_mbps=f.network_mbps,
+            network_mbytes_per_s=f.network_mbytes_per_s,
             on_demand_usd_per_h=on_demand[name],
             spot_usd_per_h=cheapest[name].current_usd_per_h,
             interruption_band=bands.get(name),

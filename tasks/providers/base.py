@@ -25,7 +25,7 @@ class InstanceType:
     gpus: int
     gpu_model: str
     gpu_memory_gb: float
-    network_mbps: float
+    network_mbytes_per_s: float  # NIC baseline bandwidth, megabytes per second (AWS publishes Gbit/s)
     on_demand_usd_per_h: float
     spot_usd_per_h: float
     interruption_band: int | None = None  # Spot Advisor band 0..4 (<5% .. >20% a month)
