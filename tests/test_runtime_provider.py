@@ -72,7 +72,9 @@ def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
 def test_capacity_limits_spot_launches(provider):
     provider.capacity["g3.8xlarge"] = 1
     result = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER)
-    assert len(result.instances) == 1 and "has 1 free, asked 3" in result.unavailable
+    assert len(result.instances) == 1
+    refusal = result.refused["g3.8xlarge"]
+    assert (refusal.kind, refusal.missing) == ("capacity", 2) and "has 1 free, asked 3" in refusal.message
     with pytest.raises(UserInputError, match="unknown instance type"):
         provider.launch("r", "p1", "x9.huge", 1, startup=SLEEPER)
 

@@ -30,8 +30,9 @@ def inference_harvested(run_dir: Path) -> dict:
 
 
 def predicted_curve(session: TrainingSession, t_max_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Loss over time as the first plan predicted it: loss(j) of Eq. 3 with j = t / Texp."""
-    first = session.plans[0]
+    """Loss over time as the plan training started with predicted it: loss(j) of Eq. 3 with
+    j = t / Texp."""
+    first = session.started_plan
     model = Model.from_profile(session.profile)
     r = model.evaluate(model.counts_vector(first.plan), session.request.slo.target_loss)
     texp = float(r["iteration_time_s"][0])
@@ -58,14 +59,14 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
         ax_cost.plot([o.t_s for o in session.observations], [o.spent_usd for o in session.observations],
                      label="observed spend (workers)", color="tab:blue")
     t_max = max(slo.deadline_s, obs[-1].t_s if obs else 0.0)
-    if session.plans and np.isfinite(session.plans[0].predicted_time_s):
+    first = session.started_plan
+    if first is not None and first.plan and np.isfinite(first.predicted_time_s):
         t, loss = predicted_curve(session, t_max)
-        ax_loss.plot(t, loss, "--", label=f"predicted, first plan ({session.plans[0].predicted_time_s:.0f} s)",
+        ax_loss.plot(t, loss, "--", label=f"predicted, plan launched ({first.predicted_time_s:.0f} s)",
                      color="tab:orange")
-        first = session.plans[0]
         start_s = session.request.overhead_s
         ax_cost.plot([start_s, start_s + first.predicted_time_s], [0, first.predicted_cost_usd], "--",
-                     color="tab:orange", label="predicted spend, first plan")
+                     color="tab:orange", label="predicted spend, plan launched")
     ax_loss.axhline(slo.target_loss, color="tab:green", lw=1, label=f"target loss {slo.target_loss:g}")
     for ax in (ax_loss, ax_cost):
         ax.axvline(slo.deadline_s, color="tab:red", lw=1, label="deadline")
@@ -74,8 +75,11 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
                 ax.axvline(entry.t_s, color="black", ls=":", lw=1)
             elif entry.kind == "replan":
                 ax.axvline(entry.t_s, color="tab:purple", ls="-.", lw=1)
+            elif entry.kind == "capacity":
+                ax.axvline(entry.t_s, color="tab:brown", ls="--", lw=1)
     ax_loss.plot([], [], ":", color="black", label="revocation notice")
     ax_loss.plot([], [], "-.", color="tab:purple", label="re-plan")
+    ax_loss.plot([], [], "--", color="tab:brown", label="market refused a launch")
     ax_loss.set_ylabel("training loss")
     ax_cost.set_ylabel("USD")
     ax_cost.set_xlabel("seconds since launch")
@@ -91,17 +95,27 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
     return path
 
 
+def plan_text(plan: dict[str, int]) -> str:
+    return " + ".join(f"{n} x {t}" for t, n in sorted(plan.items()) if n) or "no workers"
+
+
 def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
+    """One paragraph: met or missed, against the plan training started with; the plan in effect
+    at the end; the re-plans and what the market refused."""
     slo = session.request.slo
-    first = session.plans[0] if session.plans else None
+    first = session.started_plan
     word = "SLO met" if result["met"] else "SLO missed"
     loss = "n/a" if result["final_loss"] is None else f"{result['final_loss']:.4f}"
     predicted_t = f"{first.predicted_time_s:.1f} s" if first else "n/a"
     predicted_c = f"${first.predicted_cost_usd:.4f}" if first else "n/a"
+    refused = sum(s["missing"] for s in session.shortfalls)
+    shortfall = (f"; the market refused {refused} instance(s) "
+                 f"({', '.join(sorted({s['type'] for s in session.shortfalls}))})" if refused else "")
     return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
             f"{slo.deadline_s:g} s (predicted {predicted_t}); cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
-            f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); "
-            f"{session.revocations} revocation(s) handled with {session.replans} re-plan(s); "
+            f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); final plan "
+            f"{plan_text(session.plans[-1].plan) if session.plans else 'n/a'}; "
+            f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}; "
             f"inference harvested: {harvested['offline_samples']} offline samples, "
             f"{harvested['online_requests']} online requests")
 
@@ -114,8 +128,9 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
     summary = {
         "run_id": session.run_id, "verdict": verdict(session, result, harvested), **result,
         "deadline_s": session.request.slo.deadline_s, "target_loss": session.request.slo.target_loss,
-        "predicted_time_s": session.plans[0].predicted_time_s if session.plans else None,
-        "predicted_cost_usd": session.plans[0].predicted_cost_usd if session.plans else None,
+        "predicted_time_s": session.started_plan.predicted_time_s if session.started_plan else None,
+        "predicted_cost_usd": session.started_plan.predicted_cost_usd if session.started_plan else None,
+        "final_plan": session.plans[-1].plan if session.plans else {}, "shortfalls": session.shortfalls,
         "plans": [{"plan": p.plan, "solver": p.solver, "predicted_time_s": p.predicted_time_s,
                    "predicted_cost_usd": p.predicted_cost_usd} for p in session.plans],
         "alternatives": session.alternatives,

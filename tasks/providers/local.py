@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tasks.errors import UserInputError
 from tasks.providers.base import (
-    Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Role, Startup,
+    Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,17 +183,18 @@ class LocalProvider(Provider):
             if mine:  # a retry: what the first call started
                 self._save(run_id, table)
                 return LaunchResult([self._instance(r) for r in mine])
-            unavailable = None
+            refused = {}
             if market == "spot" and instance_type in self.capacity:
                 running = sum(1 for r in table["instances"] if r["type"] == instance_type
                               and r["market"] == "spot" and r["state"] != "terminated")
                 free = max(0, self.capacity[instance_type] - running)
                 if free < count:
-                    unavailable = f"{instance_type}: the spot market has {free} free, asked {count}"
+                    refused[instance_type] = Refusal(instance_type, "capacity", count - free,
+                                                     f"{instance_type}: the spot market has {free} free, asked {count}")
                     count = free
             started = [self._start(run_id, table, plan_id, instance_type, role, market, startup) for _ in range(count)]
             self._save(run_id, table)
-            return LaunchResult([self._instance(r) for r in started], unavailable)
+            return LaunchResult([self._instance(r) for r in started], refused)
 
     def _start(self, run_id, table, plan_id, instance_type, role, market, startup) -> dict:
         instance_id = f"local-{run_id}-{table['next_id']:04d}"  # unique across runs: terminate() looks in every run

@@ -89,6 +89,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
                          checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                          max_updates=max_updates, target_loss=target_loss)
     launched = provider.launch(run_id, plan_id, ps_type, 1, role="ps", market="on-demand", startup=startup)
+    if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
+        raise RuntimeError(f"no parameter server: {launched.refused[ps_type].message}")
     ps_instance = launched.instances[0]
     deadline_s = time.monotonic() + ready_timeout_s
     while not (run_dir / READY_FILE).exists():
