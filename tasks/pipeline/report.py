@@ -120,6 +120,17 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
             f"{harvested['online_requests']} online requests")
 
 
+def finite_or_none(value):
+    """JSON has no infinity: an unreachable prediction (an empty plan's time) is written as null."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
 def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict[str, float]) -> dict:
     run_dir = session.run_dir
     harvested = inference_harvested(run_dir)
@@ -140,6 +151,7 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
         "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline],
         "report_dir": str(run_dir), "timeline_png": str(timeline_png),
     }
+    summary = finite_or_none(summary)
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", report_markdown(summary))
     _prefect_artifacts(summary)
