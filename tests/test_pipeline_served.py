@@ -131,3 +131,59 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
     finally:
         stop(served)
         serve_log.close()
+
+
+def flow_process_of(runs_dir: Path) -> int | None:
+    """The flow run's process: the parent of the instances it started (each in its own session)."""
+    for table in runs_dir.glob("*/instances.json"):
+        for row in json.loads(table.read_text())["instances"]:
+            try:
+                stat = Path(f"/proc/{row['pid']}/stat").read_text()
+            except OSError:
+                continue
+            return int(stat[stat.rindex(")") + 2:].split()[1])
+    return None
+
+
+def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(server_env, tmp_path):
+    """SIGKILL leaves the flow no chance to clean up; the runner's crash hook rebuilds the run
+    from the flow run (its id and parameters), terminates what it started and reports it."""
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        runs_dir = tmp_path / "runs"
+        params = {"request": {
+            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+            "slo": {"target_loss": 1.3, "deadline_s": 600}, "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+            "artifacts_dir": str(runs_dir)}}
+        flow_run = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": params},
+                              timeout=10).json()
+        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the run's instances")
+        flow_pid = flow_process_of(runs_dir)
+        assert flow_pid is not None and flow_pid != served.pid
+        os.kill(flow_pid, signal.SIGKILL)
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        assert wait_until(lambda: state() in ("CRASHED", "FAILED", "CANCELLED", "COMPLETED") and state(), 120,
+                          "the run to crash") == "CRASHED"
+        run_dir = next(runs_dir.glob("run-*"))
+        summary = wait_until(lambda: (run_dir / "summary.json").exists() and json.loads((run_dir / "summary.json").read_text()),
+                             120, "the crash hook's report")
+        assert summary["state"] == "Crashed" and summary["verdict"].startswith("Run crashed after")
+        rows = json.loads((run_dir / "instances.json").read_text())["instances"]
+        assert rows and all(r["state"] == "terminated" for r in rows)
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
