@@ -55,11 +55,14 @@ def profile_workload(request: TrainRequest) -> str:
 @flow(name="replan-on-drift")
 def replan_on_drift(resource_id: str, artifacts_dir: str = "artifacts", speed_ratio: float | None = None) -> str:
     """Asked for by the drift automation: tell the run's watch loop to refit and re-plan (it
-    picks the request up at its next poll)."""
+    picks the request up at its next poll). A run that is not live (no folder, or already
+    reported) is left alone."""
+    logger = get_run_logger()
     run_id = resource_id.removeprefix("spotfill.run.")
     run_dir = Path(artifacts_dir) / run_id
-    if not run_dir.is_dir():
-        raise ValueError(f"no run directory for {run_id} under {artifacts_dir}")
+    if not run_dir.is_dir() or (run_dir / "summary.json").exists():
+        logger.info("drift of %s ignored: the run is not live", run_id)
+        return "ignored: not live"
     path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "speed_ratio": speed_ratio})
-    get_run_logger().info("re-plan requested for %s", run_id)
+    logger.info("re-plan requested for %s", run_id)
     return str(path)

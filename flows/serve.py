@@ -25,7 +25,8 @@ def deployments(artifacts_dir: str = "artifacts") -> list:
         replan_on_drift.to_deployment(
             name="replan-on-drift",
             triggers=[DeploymentEventTrigger(
-                name="re-plan on drift", expect={"spotfill.run.drift"}, match={"prefect.resource.id": "spotfill.run.*"},
+                name="re-plan on drift", expect={"spotfill.run.drift"},
+                match={"prefect.resource.id": "spotfill.run.*", "spotfill.drift-action": "automation"},
                 parameters={"resource_id": "{{ event.resource.id }}", "artifacts_dir": "{{ event.payload.artifacts_dir }}",
                             "speed_ratio": "{{ event.payload.speed_ratio }}"})]),
     ]

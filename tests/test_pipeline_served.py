@@ -92,16 +92,35 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(json.loads(out.read_text())["types"]) == 84
 
-        # A drift event: the automation runs replan-on-drift, which asks the run to re-plan.
-        run_dir = tmp_path / "run-served"
-        run_dir.mkdir()
-        r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", "spotfill.run.run-served",
-                            "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6})],
-                           cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
+        # Drift events: the automation runs replan-on-drift for a run whose drift_action is
+        # "automation" (never for an inline one), which asks a live run to re-plan and leaves a
+        # finished one alone.
+        def emit(run: str, action: str) -> None:
+            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", f"spotfill.run.{run}",
+                                "--resource", f"spotfill.drift-action={action}",
+                                "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6})],
+                               cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+
+        def drift_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
+                           timeout=10)
+            return [f for f in r.json() if f["parameters"].get("resource_id", "").startswith("spotfill.run.")]
+
+        run_dir, done_dir, inline_dir = tmp_path / "run-served", tmp_path / "run-done", tmp_path / "run-inline"
+        for d in (run_dir, done_dir, inline_dir):
+            d.mkdir()
+        (done_dir / "summary.json").write_text("{}")
+        emit("run-inline", "inline")
+        emit("run-done", "automation")
+        emit("run-served", "automation")
         request = wait_until(lambda: (run_dir / "replan-request.json").exists() and
                              json.loads((run_dir / "replan-request.json").read_text()), 240, "the re-plan request")
         assert request == {"reason": "drift", "speed_ratio": 0.6}
+        wait_until(lambda: len(drift_runs()) >= 2, 240, "the automation's runs")
+        assert sorted(f["parameters"]["resource_id"] for f in drift_runs()) == ["spotfill.run.run-done",
+                                                                               "spotfill.run.run-served"]
+        assert not (done_dir / "replan-request.json").exists() and not (inline_dir / "replan-request.json").exists()
 
         # A run of the main deployment cancelled from the API: its instances are all gone.
         deployment = next(d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()

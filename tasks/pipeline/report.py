@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from tasks.atomic import atomic_write_json, atomic_write_text
-from tasks.model import Model
 from tasks.pipeline.session import TrainingSession
 
 
@@ -31,18 +30,11 @@ def inference_harvested(run_dir: Path) -> dict:
 
 def predicted_curve(session: TrainingSession, t_max_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Loss over time as the plan training started with predicted it: loss(j) of Eq. 3 with
-    j = t / Texp."""
-    first = session.started_plan
-    model = Model.from_profile(session.profile)
-    r = model.evaluate(model.counts_vector(first.plan), session.request.slo.target_loss)
-    texp = float(r["iteration_time_s"][0])
-    g = session.profile.loss
-    n = float(r["workers"][0])
-    spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
-    numerator = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+    j = t / Texp, from when the workers have joined."""
+    curve, texp_s = session.loss_curve(session.started_plan.plan)
     start_s = session.request.overhead_s  # the plan allows this long for workers to start and join
     t = np.linspace(start_s, t_max_s, 200)
-    return t, numerator / ((t - start_s) / texp + g.gamma1) + g.gamma5
+    return t, curve.loss_at((t - start_s) / texp_s)
 
 
 def plot_timeline(session: TrainingSession, path: Path) -> Path:

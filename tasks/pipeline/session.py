@@ -16,7 +16,7 @@ import numpy as np
 from tasks.errors import InfeasibleError, UserInputError
 from tasks.model import Model
 from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult, solve
 from tasks.planner import exact as exact_search
 from tasks.planner.problem import build_problem, make_result
@@ -86,6 +86,7 @@ class TrainingSession:
         self.revocations = 0
         self.shortfalls: list[dict] = []  # what the market refused, launch by launch
         self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
+        self.progress_origin: tuple[float, float | None] = (0.0, None)  # (t_s, loss) where the plan in effect began
         self._hazards: dict[str, float] | None = None
         types = {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
@@ -234,9 +235,25 @@ class TrainingSession:
         counts = model.counts_vector(workers)
         return float(counts @ (1.0 / model.iteration_times_s(np.array(float(counts.sum())))))
 
+    def loss_curve(self, plan: dict[str, int]) -> tuple[LossCurve, float]:
+        """The model's loss curve for a cluster, and its iteration time Texp (seconds per update)."""
+        model = Model.from_profile(self.profile)
+        r = model.evaluate(model.counts_vector(plan), self.request.slo.target_loss)
+        g = self.profile.loss
+        n = float(r["workers"][0])
+        spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
+        a = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+        return LossCurve(a, g.gamma1, g.gamma5), float(r["iteration_time_s"][0])
+
     def check_drift(self, obs: Observation) -> float | None:
-        """Drift against the cluster this poll saw (no second read of the instance table)."""
-        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers))
+        """Drift against the cluster this poll saw (no second read of the instance table): in
+        update rate, and in progress to the target loss since the plan in effect began."""
+        progress = None
+        if self.plans and self.plans[-1].plan:
+            curve, texp_s = self.loss_curve(self.plans[-1].plan)
+            t0, loss0 = self.progress_origin
+            progress = progress_ratio(curve, texp_s, obs.t_s - t0 - self.request.overhead_s, loss0, obs.loss)
+        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers), progress)
 
     # ------------------------------------------------------------------ re-planning
     def decide_replan(self, reason: str, t_s: float, current_loss: float | None,
@@ -260,6 +277,7 @@ class TrainingSession:
         result = self.decide_replan(reason, obs.t_s, current, leaving)
         result = self.launch_plan(result, f"replan-{self.replans}", current)
         self.drift.reset()
+        self.progress_origin = (obs.t_s, obs.loss)
         return result
 
     def refit_for_drift(self, ratio: float) -> None:
