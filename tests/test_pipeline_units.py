@@ -131,3 +131,21 @@ def test_controller_decides_done_revocation_and_drift_once():
     assert decide(_poll(), **auto | {"drift_ratio": 0.5}) == [Action("announce-drift", "drift", speed_ratio=0.5)]
     assert decide(_poll(), **auto | {"asked": {"speed_ratio": 0.6}}) == [
         Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
+
+
+def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
+    import yaml
+
+    from flows.serve import PREFECT_YAML, deployments
+    from tasks.pipeline.commands import demo_request
+
+    spec = yaml.safe_load(PREFECT_YAML.read_text())
+    served = {d.name: d for d in deployments()}
+    assert list(served) == [d["name"] for d in spec["deployments"]]
+    for d in spec["deployments"]:
+        assert served[d["name"]].parameters == (d.get("parameters") or {})
+    for name in ("train-with-slo", "profile-workload"):
+        assert TrainRequest.model_validate(served[name].parameters["request"]) == demo_request()
+    assert [s.schedule.cron for s in served["catalog-refresh"].schedules] == ["0 */6 * * *"]
+    trigger = served["replan-on-drift"].triggers[0]
+    assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}

@@ -3,6 +3,7 @@ and cost, revocations and re-plans marked), as files under artifacts/<run-id>/ a
 artifacts when a flow is running."""
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -150,7 +151,9 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
     return summary
 
 
-def report_markdown(summary: dict) -> str:
+def report_markdown(summary: dict, image_src: str | None = None) -> str:
+    """The report as markdown; the timeline picture by file name (next to report.md) unless
+    `image_src` says otherwise (a data URI, for the Prefect UI, which cannot read local files)."""
     lines = [f"# {summary['run_id']}", "", f"**{summary['verdict']}**", "",
              "## Plans (predicted)", "", "| plan | instances | time (s) | cost ($) | status |", "|---|---|---|---|---|"]
     for r in summary["alternatives"]:
@@ -165,7 +168,7 @@ def report_markdown(summary: dict) -> str:
     lines += ["", "## Stages (wall seconds)", "", "| stage | s |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in summary["stage_seconds"].items()]
     lines += [f"| orchestration overhead (all but training) | {summary['orchestration_overhead_s']:.2f} |", "",
-              f"![timeline]({Path(summary['timeline_png']).name})", ""]
+              f"![timeline]({image_src or Path(summary['timeline_png']).name})", ""]
     return "\n".join(lines)
 
 
@@ -178,7 +181,8 @@ def _prefect_artifacts(summary: dict) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     run_id = summary["run_id"]
-    create_markdown_artifact(report_markdown(summary), key=f"{run_id}-report",
+    png = base64.b64encode(Path(summary["timeline_png"]).read_bytes()).decode()
+    create_markdown_artifact(report_markdown(summary, f"data:image/png;base64,{png}"), key=f"{run_id}-report",
                              description=f"{summary['verdict']} (files: {summary['report_dir']})")
     create_table_artifact([{"t_s": round(e["t_s"], 1), "event": e["kind"],
                             "detail": json.dumps({k: v for k, v in e.items() if k not in ("t_s", "kind")})}
