@@ -13,27 +13,40 @@ from tasks.pipeline.params import TrainRequest
 
 
 @task(name="build-catalog")
-def build_catalog_task(out: str) -> dict:
+def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
+    """The shipped catalog, with the region's live hardware and spot prices laid over it when AWS
+    credentials are at hand (`aws`: AwsConfig fields, e.g. endpoint_url); says which it is."""
+    import boto3
+
     from tasks.catalog import build_catalog
+    from tasks.providers.aws import AwsProvider, load_aws_config
+    from tasks.providers.aws_catalog import merge_live
 
     catalog = build_catalog()
-    atomic_write_json(out, catalog)
-    return catalog
+    if boto3.session.Session(profile_name=aws.get("profile_name")).get_credentials() is None:
+        return catalog, "no AWS credentials: kept the shipped catalog (its spot prices are from 2022)"
+    live = AwsProvider(load_aws_config({**aws, "region": region})).refresh_catalog()
+    return merge_live(catalog, live), f"refreshed {len(live.types)} priced GPU types of {region} from the EC2 API"
 
 
 @flow(name="catalog-refresh")
-def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json") -> int:
-    """Rebuild the instance catalog (hardware, prices, interruption bands) and show one region."""
-    catalog = build_catalog_task(out)
+def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json",
+                    aws: dict | None = None) -> int:
+    """Refresh the instance catalog (hardware, prices, interruption bands) and show one region:
+    live from the EC2 API with credentials, else the shipped sources."""
+    logger = get_run_logger()
+    catalog, source = build_catalog_task(region, aws or {})
+    logger.info(source)
+    atomic_write_json(out, catalog)
     rows = []
     for t in catalog["types"]:
         r = t["regions"].get(region)
         if r and t["gpus"]:
             rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
                          "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
-                         "interruption": r["interruption_label"]})
-    create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}")
-    get_run_logger().info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
+                         "spot now $/h": r.get("spot_current_usd_per_h"), "interruption": r["interruption_label"]})
+    create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}: {source}")
+    logger.info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
     return len(rows)
 
 
