@@ -1,4 +1,4 @@
-"""The spotDNN analytical performance model (shared/design/model.md), vectorised.
+"""The spotDNN analytical performance model (docs/model.md), vectorised.
 
 `evaluate` takes many candidate clusters at once (a K x M matrix of instance counts over the
 profile's M types) and returns their predicted iteration time, WA batch size, convergence

@@ -1,4 +1,4 @@
-"""The workload profile (shared/contracts/profile.md): load, validate, and look up instance types.
+"""The workload profile (docs/formats.md): load, validate, and look up instance types.
 
 Validation names the offending field in one line, because the planner's answers are only as good
 as the numbers it reads.
@@ -32,7 +32,7 @@ class LossCurve(BaseModel):
     gamma5: float
 
     def require_reachable(self, loss_target: float) -> None:
-        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (model.md)."""
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""
         if loss_target <= self.gamma5:
             raise UserInputError(
                 f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")

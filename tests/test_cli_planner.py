@@ -1,4 +1,4 @@
-"""The CLI contract (shared/contracts/cli.md), run as a real subprocess."""
+"""The CLI contract (docs/cli.md), run as a real subprocess."""
 import json
 import subprocess
 import sys

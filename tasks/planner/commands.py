@@ -1,4 +1,4 @@
-"""`spotfill predict` and `spotfill plan` (shared/contracts/cli.md)."""
+"""`spotfill predict` and `spotfill plan` (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse

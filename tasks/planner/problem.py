@@ -1,4 +1,4 @@
-"""The provisioning problem (model.md, Eq. 11-14) and its answer, independent of the solver."""
+"""The provisioning problem (docs/model.md, Eq. 11-14) and its answer, independent of the solver."""
 from __future__ import annotations
 
 import math
@@ -159,7 +159,7 @@ def build_problem(req: PlanRequest) -> Problem:
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
            key_a: tuple = (), key_b: tuple = ()) -> bool:
-    """Is plan a strictly better than plan b under model.md's order (cost, then time, then size),
+    """Is plan a strictly better than plan b under docs/model.md's order (cost, then time, then size),
     full ties going to the larger tie key (Problem.tie_key: alphabetically earlier types)?"""
     if cost_a < cost_b * (1 - COST_TIE_REL):
         return True

@@ -1,4 +1,4 @@
-"""Fit the model's parameters (shared/design/model.md) to measurements with bounded least squares.
+"""Fit the model's parameters (docs/model.md) to measurements with bounded least squares.
 
 Three fits, each with bounds, starting points and a quality report (residuals, RMSE, R^2):
 - memory (Eq. 10): batch_per_gpu = alpha2 * memory_gb + beta2, from (batch, peak memory) points;
@@ -269,7 +269,7 @@ def crossings(points: Sequence[tuple[int, float]], top: float, bottom: float,
 def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_measurements: Sequence[ClusterMeasurement],
                 *, quotas: dict[str, int] | None = None, default_quota: int = 8, pcie_bandwidth_mbps: float = LOCAL_PCIE_MBPS,
                 num_ps: int = 1, max_nfev: int | None = None, extra: dict | None = None) -> FittedProfile:
-    """A contract profile (shared/contracts/profile.md) from single-type and cluster measurements."""
+    """A contract profile (docs/formats.md) from single-type and cluster measurements."""
     if not measurements:
         raise ProfilingError("no instance types were profiled")
     sizes = {m.param_mb for m in measurements}

@@ -6,7 +6,7 @@ applied exactly once and counted once. A worker's learning rate follows its batc
 (Workload.lr_for_batch) and is damped by the update's staleness s: lr / (1 + s) ** staleness_lr_power
 (staleness-aware ASGD). With the default power 0.5 an n-worker cluster (s about n - 1) needs about
 sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
-assumes (shared/design/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
+assumes (docs/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
 loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md).
 The emulated network (shaping.Shaper) is applied here, where all traffic meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
