@@ -206,3 +206,33 @@ def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(ser
     finally:
         stop(served)
         serve_log.close()
+
+
+def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_refresh(server_env, tmp_path):
+    """`prefect deploy --all` as shipped, a process worker, and a run of catalog-refresh through
+    it (without AWS credentials: the shipped catalog, said so)."""
+    env = {k: v for k, v in server_env.items() if not k.startswith("AWS_")} | {
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def prefect(*args: str, timeout_s: float = 300) -> str:
+        r = subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=timeout_s)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    prefect("work-pool", "create", "spotfill", "--type", "process")
+    prefect("deploy", "--all")
+    worker_log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "spotfill"], cwd=tmp_path, env=env,
+                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out = tmp_path / "catalog.json"
+        prefect("deployment", "run", "catalog-refresh/catalog-refresh", "--param", f"out={json.dumps(str(out))}",
+                "--watch", "--watch-timeout", "400", timeout_s=450)
+        assert len(json.loads(out.read_text())["types"]) == 84
+        worker_log.flush()
+        assert "no AWS credentials: kept the shipped catalog" in (tmp_path / "worker.log").read_text()
+    finally:
+        stop(worker)
+        worker_log.close()
