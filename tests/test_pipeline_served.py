@@ -236,3 +236,72 @@ def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_
     finally:
         stop(worker)
         worker_log.close()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(server_env, moto_endpoint, moto_amis,
+                                                                             tmp_path):
+    """The same on AWS (moto's server): the flow is killed while its parameter server starts; the
+    crash hook, in the serving process, terminates the run's instances by their tags."""
+    import boto3
+
+    from tasks.providers.aws import TAG_RUN
+    from tasks.providers.aws_sandbox import FAKE_CREDENTIALS
+    from tests.test_aws_e2e import ARCHIVE
+
+    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text())
+    t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
+    shipped["instances"] = [{**t4, "type": "g4dn.2xlarge", "quota": 4}, {**t4, "type": "g4dn.12xlarge", "gpus": 4, "quota": 1}]
+    profile = tmp_path / "t4.json"
+    profile.write_text(json.dumps(shipped))
+    env = server_env | FAKE_CREDENTIALS
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=env, stdout=open(tmp_path / "serve.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    api = server_env["PREFECT_API_URL"]
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(ARCHIVE),
+               "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"]}
+        params = {"request": {
+            "workload": "resnet20", "slo": {"target_loss": 0.8, "deadline_s": 6000}, "profile": str(profile),
+            "candidates": {"types": ["g4dn.2xlarge", "g4dn.12xlarge"]}, "filling": {"enabled": False},
+            "provider": {"name": "aws", "aws": aws}, "artifacts_dir": str(tmp_path / "runs")}}
+        flow_run = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": params},
+                              timeout=10).json()
+        run_id = f"run-{flow_run['id'].replace('-', '')[:10]}"
+
+        def alive():
+            reservations = ec2.describe_instances(Filters=[
+                {"Name": f"tag:{TAG_RUN}", "Values": [run_id]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
+            return [i for r in reservations for i in r["Instances"]]
+
+        wait_until(alive, 240, "the run's parameter server on moto")  # the flow now waits for it to listen
+        for pid in children_of(served.pid):
+            os.kill(pid, signal.SIGKILL)
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        assert wait_until(lambda: state() in ("CRASHED", "FAILED", "CANCELLED", "COMPLETED") and state(), 120,
+                          "the run to crash") == "CRASHED"
+        wait_until(lambda: alive() == [], 120, "no instance of the run running")
+    finally:
+        stop(served)
