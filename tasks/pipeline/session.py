@@ -171,13 +171,13 @@ class TrainingSession:
             self.started_s = time.time()
         return result
 
-    def launch_plan(self, result: PlanResult, plan_id: str, current_loss: float | None = None,
-                    attempts: int = 4) -> PlanResult:
+    def launch_plan(self, result: PlanResult, plan_id: str, current_loss: float | None = None) -> PlanResult:
         """Launch a plan; while the market refuses part of it, re-plan with what runs (the refused
-        types capped at what they have) and launch the difference. Returns the plan in effect."""
-        for attempt in range(attempts):
+        types capped at what they have) and launch the difference. Returns the plan in effect.
+        Each refusal caps a type at what runs, so this ends after at most one round per type."""
+        for attempt in range(len(self.quota) + 1):
             launched = self.launch(result.plan, f"{plan_id}-{attempt}")
-            if not launched.refused:
+            if not launched.refused or attempt == len(self.quota):
                 break
             result = self.decide_replan("capacity", self.elapsed_s(), current_loss)
         if self.started_plan is None:
