@@ -50,9 +50,12 @@ def server_env(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-server-home")
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+    # No AWS credentials (not even moto's fake ones another fixture may have set): the catalog
+    # refresh keeps the shipped catalog; a test that wants moto adds its keys.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))} | {
         "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(REPO)}
+        "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(REPO), "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"), "AWS_CONFIG_FILE": str(home / "no-aws-config")}
     log = open(home / "server.log", "wb")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -211,9 +214,7 @@ def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(ser
 def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_refresh(server_env, tmp_path):
     """`prefect deploy --all` as shipped, a process worker, and a run of catalog-refresh through
     it (without AWS credentials: the shipped catalog, said so)."""
-    env = {k: v for k, v in server_env.items() if not k.startswith("AWS_")} | {
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true"}
+    env = server_env
 
     def prefect(*args: str, timeout_s: float = 300) -> str:
         r = subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True,
