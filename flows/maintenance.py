@@ -13,27 +13,40 @@ from tasks.pipeline.params import TrainRequest
 
 
 @task(name="build-catalog")
-def build_catalog_task(out: str) -> dict:
+def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
+    """The shipped catalog, with the region's live hardware and spot prices laid over it when AWS
+    credentials are at hand (`aws`: AwsConfig fields, e.g. endpoint_url); says which it is."""
+    import boto3
+
     from tasks.catalog import build_catalog
+    from tasks.providers.aws import AwsProvider, load_aws_config
+    from tasks.providers.aws_catalog import merge_live
 
     catalog = build_catalog()
-    atomic_write_json(out, catalog)
-    return catalog
+    if boto3.session.Session(profile_name=aws.get("profile_name")).get_credentials() is None:
+        return catalog, "no AWS credentials: kept the shipped catalog (its spot prices are from 2022)"
+    live = AwsProvider(load_aws_config({**aws, "region": region})).refresh_catalog()
+    return merge_live(catalog, live), f"refreshed {len(live.types)} priced GPU types of {region} from the EC2 API"
 
 
 @flow(name="catalog-refresh")
-def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json") -> int:
-    """Rebuild the instance catalog (hardware, prices, interruption bands) and show one region."""
-    catalog = build_catalog_task(out)
+def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json",
+                    aws: dict | None = None) -> int:
+    """Refresh the instance catalog (hardware, prices, interruption bands) and show one region:
+    live from the EC2 API with credentials, else the shipped sources."""
+    logger = get_run_logger()
+    catalog, source = build_catalog_task(region, aws or {})
+    logger.info(source)
+    atomic_write_json(out, catalog)
     rows = []
     for t in catalog["types"]:
         r = t["regions"].get(region)
         if r and t["gpus"]:
             rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
                          "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
-                         "interruption": r["interruption_label"]})
-    create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}")
-    get_run_logger().info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
+                         "spot now $/h": r.get("spot_current_usd_per_h"), "interruption": r["interruption_label"]})
+    create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}: {source}")
+    logger.info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
     return len(rows)
 
 
@@ -55,11 +68,14 @@ def profile_workload(request: TrainRequest) -> str:
 @flow(name="replan-on-drift")
 def replan_on_drift(resource_id: str, artifacts_dir: str = "artifacts", speed_ratio: float | None = None) -> str:
     """Asked for by the drift automation: tell the run's watch loop to refit and re-plan (it
-    picks the request up at its next poll)."""
+    picks the request up at its next poll). A run that is not live (no folder, or already
+    reported) is left alone."""
+    logger = get_run_logger()
     run_id = resource_id.removeprefix("spotfill.run.")
     run_dir = Path(artifacts_dir) / run_id
-    if not run_dir.is_dir():
-        raise ValueError(f"no run directory for {run_id} under {artifacts_dir}")
+    if not run_dir.is_dir() or (run_dir / "summary.json").exists():
+        logger.info("drift of %s ignored: the run is not live", run_id)
+        return "ignored: not live"
     path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "speed_ratio": speed_ratio})
-    get_run_logger().info("re-plan requested for %s", run_id)
+    logger.info("re-plan requested for %s", run_id)
     return str(path)

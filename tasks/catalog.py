@@ -155,6 +155,6 @@ def _show(args: argparse.Namespace) -> int:
     types = catalog_instance_types(args.region)
     print(f"{'type':<16}{'gpus':>5} {'gpu':<22}{'MB/s':>8}{'od $/h':>9}{'spot $/h':>9}{'band':>5}")
     for t in types:
-        print(f"{t.name:<16}{t.gpus:>5} {t.gpu_model[:21]:<22}{t.network_mbps:>8.0f}{t.on_demand_usd_per_h:>9.3f}"
+        print(f"{t.name:<16}{t.gpus:>5} {t.gpu_model[:21]:<22}{t.network_mbytes_per_s:>8.0f}{t.on_demand_usd_per_h:>9.3f}"
               f"{t.spot_usd_per_h:>9.3f}{'' if t.interruption_band is None else t.interruption_band:>5}")
     return 0

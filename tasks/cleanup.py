@@ -40,22 +40,31 @@ def _aws_config(args: argparse.Namespace) -> dict:
     return data
 
 
-def _run(args: argparse.Namespace) -> int:
-    from tasks.cli import print_json
+def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
+                aws_config: dict | None = None, wait: bool = False) -> tuple[int, str]:
+    """Terminate every instance of the run, from nothing but its id and where it ran (the CLI,
+    and the flow's crash and cancel hooks in whatever process Prefect runs them); returns how
+    many were still alive, and where (the artifacts folder, or the AWS region)."""
     from tasks.providers.aws import check_id
 
-    run_id = check_id("run id", args.run_id)
-    if args.provider == "local":
+    run_id = check_id("run id", run_id)
+    if provider == "local":
         from tasks.providers.local import LocalProvider
 
-        terminated, where = LocalProvider(artifacts_dir=args.artifacts).cleanup(run_id), str(args.artifacts)
-    else:
-        from tasks.providers.aws import AwsProvider, load_aws_config
+        return LocalProvider(artifacts_dir=artifacts_dir).cleanup(run_id), str(artifacts_dir)
+    from tasks.providers.aws import AwsProvider, load_aws_config
 
-        provider = AwsProvider(load_aws_config(_aws_config(args)))
-        terminated, where = provider.cleanup(run_id, wait=args.wait), provider.config.region
+    aws = AwsProvider(load_aws_config(aws_config or {}))
+    return aws.cleanup(run_id, wait=wait), aws.config.region
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tasks.cli import print_json
+
+    terminated, where = cleanup_run(args.provider, args.run_id, artifacts_dir=args.artifacts,
+                                    aws_config=_aws_config(args) if args.provider == "aws" else None, wait=args.wait)
     if args.json:
-        print_json({"provider": args.provider, "run_id": run_id, "where": where, "terminated": terminated})
+        print_json({"provider": args.provider, "run_id": args.run_id, "where": where, "terminated": terminated})
     else:
-        print(f"terminated {terminated} instance(s) of run {run_id} ({args.provider}, {where})")
+        print(f"terminated {terminated} instance(s) of run {args.run_id} ({args.provider}, {where})")
     return 0

@@ -65,9 +65,9 @@ def test_type_facts_from_a_describe_instance_types_entry():
     }
     facts = aws_catalog.type_facts(described)
     assert (facts.gpus, facts.gpu_model, facts.gpu_memory_gb, facts.vcpus) == (4, "NVIDIA A10G", 96.0, 48)
-    assert facts.network_mbps == 5000.0  # 40 Gbit/s in MB/s
+    assert facts.network_mbytes_per_s == 5000.0  # 40 Gbit/s in MB/s
     cpu = aws_catalog.type_facts({**described, "GpuInfo": None, "NetworkInfo": {"NetworkPerformance": "Up to 10 Gigabit"}})
-    assert (cpu.gpus, cpu.gpu_model, cpu.network_mbps) == (0, "none", 1250.0)
+    assert (cpu.gpus, cpu.gpu_model, cpu.network_mbytes_per_s) == (0, "none", 1250.0)
 
 
 def test_the_projects_reference_data_covers_the_gpu_types():

@@ -76,7 +76,7 @@ def test_plan_launch_notice_replan_takeover_cleanup(moto_endpoint, moto_amis):
         calls = provider.api_calls.snapshot()
         step = launch_step(provider, run_id, "plan-1", first.plan, startup=startup)
         launch_calls = provider.api_calls.snapshot() - calls
-        assert not step.unavailable and worker_counts(step.instances) == first.plan
+        assert not step.refused and worker_counts(step.instances) == first.plan
         victim = step.instances[0]
 
         # The notice reaches the victim's IMDS; its watcher tags it; a poll sees it.

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from tasks.errors import UserInputError
 from tasks.providers.aws import AwsConfig, AwsProvider, TAG_RUN
 from tasks.providers.aws_sandbox import ImdsStub, revoke
-from tasks.providers.base import CapacityError, QuotaError, Startup
+from tasks.providers.base import QuotaError, Startup
 from tasks.providers.imds_watcher import Imds, check, tag_relay, watch
 from tasks.providers.plan_step import launch_step, takeover_counts
 
@@ -201,11 +201,10 @@ def test_capacity_errors_are_reported_back_not_raised(make_provider, ec2, run_id
         raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none"}}, model.name)
 
     provider.ec2.meta.events.register("before-call.ec2.RunInstances", no_capacity)
-    with pytest.raises(CapacityError) as err:
-        provider.launch(run_id, "p0", "g5.xlarge", 1)
-    assert err.value.instance_type == "g5.xlarge"
+    refusal = provider.launch(run_id, "p0", "g5.xlarge", 2).refused["g5.xlarge"]
+    assert (refusal.kind, refusal.missing) == ("capacity", 2) and "InsufficientInstanceCapacity" in refusal.message
     step = launch_step(provider, run_id, "p0", {"g5.xlarge": 1})
-    assert step.instances == [] and "InsufficientInstanceCapacity" in step.unavailable["g5.xlarge"]
+    assert step.instances == [] and step.refused["g5.xlarge"].kind == "capacity"
 
 
 def test_bad_input_is_one_clear_error_and_launches_nothing(make_provider, ec2, run_id, monkeypatch):

@@ -89,6 +89,72 @@ def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
     assert session.profile == slowed
 
 
+def test_progress_drift_is_judged_on_the_loss_curve():
+    from tasks.pipeline.watch import LossCurve, progress_ratio
+
+    curve = LossCurve(a=10.0, gamma1=5.0, gamma5=1.0)
+    assert curve.updates_to(float(curve.loss_at(20.0))) == pytest.approx(20.0)
+    assert curve.updates_to(1.0) == float("inf")
+    # 10 s at 0.5 s per update predicts 20 updates of progress; the loss shows 20, then 10.
+    assert progress_ratio(curve, 0.5, 10.0, None, float(curve.loss_at(20.0))) == pytest.approx(1.0)
+    assert progress_ratio(curve, 0.5, 10.0, None, float(curve.loss_at(10.0))) == pytest.approx(0.5)
+    # after a re-plan, progress counts from the loss where the plan began
+    assert progress_ratio(curve, 0.5, 10.0, float(curve.loss_at(30.0)), float(curve.loss_at(40.0))) == pytest.approx(0.5)
+    assert progress_ratio(curve, 0.5, 0.0, None, 2.0) is None and progress_ratio(curve, 0.5, 5.0, None, None) is None
+    # update rate on prediction, progress at half: drift, at the progress ratio
+    d = DriftDetector(threshold=0.25, window_s=10)
+    flags = [d.observe(t, 10 * t, 10.0, progress=0.5) for t in range(0, 40)]
+    assert next(f for f in flags if f is not None) == pytest.approx(0.5)
+
+
+def _poll(**patch):
+    from tasks.pipeline.session import Observation
+
+    base = dict(t_s=10.0, loss=2.0, updates=100, samples=1000, workers={"p3.2xlarge": 2}, spent_usd=0.0,
+                ps_spent_usd=0.0, loss_fraction=0.1, time_fraction=0.1)
+    return Observation(**(base | patch))
+
+
+def test_controller_decides_done_revocation_and_drift_once():
+    from tasks.pipeline.controller import Action, decide
+    from tasks.providers.base import ProviderEvent
+
+    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, asked=None, plan_empty=False)
+    assert decide(_poll(), **args) == []
+    assert decide(_poll(loss=1.4), **args) == [Action("done", "target")]
+    assert decide(_poll(t_s=61.0), **args) == [Action("done", "deadline")]
+    assert decide(_poll(stopped="max updates"), **args) == [Action("done", "stopped")]
+    assert decide(_poll(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
+    notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
+    assert decide(_poll(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
+    # inline drift: refit then one re-plan (merged with a revocation's); a request from the automation is ignored
+    assert decide(_poll(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"speed_ratio": 0.5}}) == [
+        Action("refit", "drift", speed_ratio=0.5), Action("replan", "revocation+drift", ("i-1",))]
+    # automation: the run announces drift and acts only on the automation's request, once
+    auto = args | {"drift_action": "automation"}
+    assert decide(_poll(), **auto | {"drift_ratio": 0.5}) == [Action("announce-drift", "drift", speed_ratio=0.5)]
+    assert decide(_poll(), **auto | {"asked": {"speed_ratio": 0.6}}) == [
+        Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
+
+
+def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
+    import yaml
+
+    from flows.serve import PREFECT_YAML, deployments
+    from tasks.pipeline.commands import demo_request
+
+    spec = yaml.safe_load(PREFECT_YAML.read_text())
+    served = {d.name: d for d in deployments()}
+    assert list(served) == [d["name"] for d in spec["deployments"]]
+    for d in spec["deployments"]:
+        assert served[d["name"]].parameters == (d.get("parameters") or {})
+    for name in ("train-with-slo", "profile-workload"):
+        assert TrainRequest.model_validate(served[name].parameters["request"]) == demo_request()
+    assert [s.schedule.cron for s in served["catalog-refresh"].schedules] == ["0 */6 * * *"]
+    trigger = served["replan-on-drift"].triggers[0]
+    assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
+
+
 def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
     from tasks.pipeline.session import TrainingSession
     from tasks.planner import solve

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tasks.providers.local import LocalProvider, _proc_start_ticks
-from tasks.runtime import driver
+from tasks.runtime import checkpoint, driver
 from tasks.runtime.telemetry import read_records
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,10 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
         os.killpg(provider.pid_of("psfail", run.ps_instance.instance_id), signal.SIGKILL)
         time.sleep(0.5)
         killed_at = max(u["version"] for u in _updates(run.run_dir))
-        checkpointed = max(r["version"] for r in read_records(run.run_dir) if r["kind"] == "checkpoint")
+        # The newest checkpoint file is what a restart resumes from; the telemetry's "checkpoint"
+        # record may not have been written yet when SIGKILL came (it follows the file).
+        newest = checkpoint.list_checkpoints(run.run_dir / "checkpoints")[-1]
+        checkpointed = int(newest.stem.removeprefix("ckpt-"))
         run2 = driver.restart_ps(run, plan_id="ps-restart")
         assert run2.ps_address == run.ps_address
         progress = driver.wait_for(run2, lambda p: p.resumes == 1 and p.updates_total >= checkpointed + 5, 90)

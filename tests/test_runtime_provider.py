@@ -72,7 +72,9 @@ def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
 def test_capacity_limits_spot_launches(provider):
     provider.capacity["g3.8xlarge"] = 1
     result = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER)
-    assert len(result.instances) == 1 and "has 1 free, asked 3" in result.unavailable
+    assert len(result.instances) == 1
+    refusal = result.refused["g3.8xlarge"]
+    assert (refusal.kind, refusal.missing) == ("capacity", 2) and "has 1 free, asked 3" in refusal.message
     with pytest.raises(UserInputError, match="unknown instance type"):
         provider.launch("r", "p1", "x9.huge", 1, startup=SLEEPER)
 
@@ -136,3 +138,19 @@ def test_no_process_outlives_its_starter(tmp_path, how):
         proc.kill()
         proc.wait()
     _wait(lambda: all(_group_gone(g) for g in pgids))
+
+
+def test_nic_bandwidth_is_megabytes_per_s_in_the_type_and_megabits_in_the_shaping(tmp_path):
+    from tasks.catalog import load_catalog
+
+    catalog_mbytes = next(t["network_mbps"] for t in load_catalog()["types"] if t["type"] == "p3.2xlarge")
+    p = LocalProvider(tmp_path, bandwidth_scale=0.5, terminate_grace_s=2.0)
+    try:
+        itype = next(t for t in p.list_types() if t.name == "p3.2xlarge")
+        assert itype.network_mbytes_per_s == catalog_mbytes  # the AWS catalog's unit, unchanged
+        instance = p.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances[0]
+        environ = Path(f"/proc/{p.pid_of('r', instance.instance_id)}/environ").read_bytes().split(b"\0")
+        env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+        assert float(env["SPOTFILL_NIC_MBPS"]) == pytest.approx(8 * catalog_mbytes * 0.5)  # megabits/s
+    finally:
+        p.kill_all_started()

@@ -56,6 +56,14 @@ class ProviderSettings(BaseModel):
     region: str = "us-east-1"
     aws: dict[str, Any] = Field(default_factory=dict, description="AwsConfig fields (AMIs, subnet, ...); docs/aws.md")
     revocations: Revocations = Field(default_factory=Revocations)
+    capacity: dict[str, int] = Field(default_factory=dict, description=(
+        "local: spot instances the emulated market has of each type (default: unlimited)"))
+
+    @model_validator(mode="after")
+    def _capacity_is_counts(self) -> "ProviderSettings":
+        if any(n < 0 for n in self.capacity.values()):
+            raise ValueError("market capacity must be zero or more")
+        return self
 
 
 class Filling(BaseModel):

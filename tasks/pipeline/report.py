@@ -3,13 +3,13 @@ and cost, revocations and re-plans marked), as files under artifacts/<run-id>/ a
 artifacts when a flow is running."""
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
 import numpy as np
 
 from tasks.atomic import atomic_write_json, atomic_write_text
-from tasks.model import Model
 from tasks.pipeline.session import TrainingSession
 
 
@@ -33,18 +33,12 @@ def inference_harvested(run_dir: Path) -> dict:
 
 
 def predicted_curve(session: TrainingSession, t_max_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Loss over time as the first plan predicted it: loss(j) of Eq. 3 with j = t / Texp."""
-    first = session.plans[0]
-    model = Model.from_profile(session.profile)
-    r = model.evaluate(model.counts_vector(first.plan), session.request.slo.target_loss)
-    texp = float(r["iteration_time_s"][0])
-    g = session.profile.loss
-    n = float(r["workers"][0])
-    spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
-    numerator = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+    """Loss over time as the plan training started with predicted it: loss(j) of Eq. 3 with
+    j = t / Texp, from when the workers have joined."""
+    curve, texp_s = session.loss_curve(session.started_plan.plan)
     start_s = session.request.overhead_s  # the plan allows this long for workers to start and join
     t = np.linspace(start_s, t_max_s, 200)
-    return t, numerator / ((t - start_s) / texp + g.gamma1) + g.gamma5
+    return t, curve.loss_at((t - start_s) / texp_s)
 
 
 def plot_timeline(session: TrainingSession, path: Path) -> Path:
@@ -61,14 +55,14 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
         ax_cost.plot([o.t_s for o in session.observations], [o.spent_usd for o in session.observations],
                      label="observed spend (workers)", color="tab:blue")
     t_max = max(slo.deadline_s, obs[-1].t_s if obs else 0.0)
-    if session.plans and np.isfinite(session.plans[0].predicted_time_s):
+    first = session.started_plan
+    if first is not None and first.plan and np.isfinite(first.predicted_time_s):
         t, loss = predicted_curve(session, t_max)
-        ax_loss.plot(t, loss, "--", label=f"predicted, first plan ({session.plans[0].predicted_time_s:.0f} s)",
+        ax_loss.plot(t, loss, "--", label=f"predicted, plan launched ({first.predicted_time_s:.0f} s)",
                      color="tab:orange")
-        first = session.plans[0]
         start_s = session.request.overhead_s
         ax_cost.plot([start_s, start_s + first.predicted_time_s], [0, first.predicted_cost_usd], "--",
-                     color="tab:orange", label="predicted spend, first plan")
+                     color="tab:orange", label="predicted spend, plan launched")
     ax_loss.axhline(slo.target_loss, color="tab:green", lw=1, label=f"target loss {slo.target_loss:g}")
     for ax in (ax_loss, ax_cost):
         ax.axvline(slo.deadline_s, color="tab:red", lw=1, label="deadline")
@@ -77,8 +71,11 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
                 ax.axvline(entry.t_s, color="black", ls=":", lw=1)
             elif entry.kind == "replan":
                 ax.axvline(entry.t_s, color="tab:purple", ls="-.", lw=1)
+            elif entry.kind == "capacity":
+                ax.axvline(entry.t_s, color="tab:brown", ls="--", lw=1)
     ax_loss.plot([], [], ":", color="black", label="revocation notice")
     ax_loss.plot([], [], "-.", color="tab:purple", label="re-plan")
+    ax_loss.plot([], [], "--", color="tab:brown", label="market refused a launch")
     ax_loss.set_ylabel("training loss")
     ax_cost.set_ylabel("USD")
     ax_cost.set_xlabel("seconds since launch")
@@ -94,19 +91,40 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
     return path
 
 
+def plan_text(plan: dict[str, int]) -> str:
+    return " + ".join(f"{n} x {t}" for t, n in sorted(plan.items()) if n) or "no workers"
+
+
 def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
+    """One paragraph: met or missed, against the plan training started with; the plan in effect
+    at the end; the re-plans and what the market refused."""
     slo = session.request.slo
-    first = session.plans[0] if session.plans else None
+    first = session.started_plan
     word = "SLO met" if result["met"] else "SLO missed"
     loss = "n/a" if result["final_loss"] is None else f"{result['final_loss']:.4f}"
     predicted_t = f"{first.predicted_time_s:.1f} s" if first else "n/a"
     predicted_c = f"${first.predicted_cost_usd:.4f}" if first else "n/a"
+    refused = sum(s["missing"] for s in session.shortfalls)
+    shortfall = (f"; the market refused {refused} instance(s) "
+                 f"({', '.join(sorted({s['type'] for s in session.shortfalls}))})" if refused else "")
     return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
             f"{slo.deadline_s:g} s (predicted {predicted_t}); cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
-            f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); "
-            f"{session.revocations} revocation(s) handled with {session.replans} re-plan(s); "
+            f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); final plan "
+            f"{plan_text(session.plans[-1].plan) if session.plans else 'n/a'}; "
+            f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}; "
             f"inference harvested: {harvested['offline_samples']} offline samples, "
             f"{harvested['online_requests']} online requests")
+
+
+def finite_or_none(value):
+    """JSON has no infinity: an unreachable prediction (an empty plan's time) is written as null."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict[str, float]) -> dict:
@@ -117,8 +135,9 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
     summary = {
         "run_id": session.run_id, "verdict": verdict(session, result, harvested), **result,
         "deadline_s": session.request.slo.deadline_s, "target_loss": session.request.slo.target_loss,
-        "predicted_time_s": session.plans[0].predicted_time_s if session.plans else None,
-        "predicted_cost_usd": session.plans[0].predicted_cost_usd if session.plans else None,
+        "predicted_time_s": session.started_plan.predicted_time_s if session.started_plan else None,
+        "predicted_cost_usd": session.started_plan.predicted_cost_usd if session.started_plan else None,
+        "final_plan": session.plans[-1].plan if session.plans else {}, "shortfalls": session.shortfalls,
         "plans": [{"plan": p.plan, "solver": p.solver, "predicted_time_s": p.predicted_time_s,
                    "predicted_cost_usd": p.predicted_cost_usd} for p in session.plans],
         "alternatives": session.alternatives,
@@ -128,13 +147,16 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
         "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline],
         "report_dir": str(run_dir), "timeline_png": str(timeline_png),
     }
+    summary = finite_or_none(summary)
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", report_markdown(summary))
     _prefect_artifacts(summary)
     return summary
 
 
-def report_markdown(summary: dict) -> str:
+def report_markdown(summary: dict, image_src: str | None = None) -> str:
+    """The report as markdown; the timeline picture by file name (next to report.md) unless
+    `image_src` says otherwise (a data URI, for the Prefect UI, which cannot read local files)."""
     lines = [f"# {summary['run_id']}", "", f"**{summary['verdict']}**", "",
              "## Plans (predicted)", "", "| plan | instances | time (s) | cost ($) | status |", "|---|---|---|---|---|"]
     for r in summary["alternatives"]:
@@ -149,7 +171,7 @@ def report_markdown(summary: dict) -> str:
     lines += ["", "## Stages (wall seconds)", "", "| stage | s |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in summary["stage_seconds"].items()]
     lines += [f"| orchestration overhead (all but training) | {summary['orchestration_overhead_s']:.2f} |", "",
-              f"![timeline]({Path(summary['timeline_png']).name})", ""]
+              f"![timeline]({image_src or Path(summary['timeline_png']).name})", ""]
     return "\n".join(lines)
 
 
@@ -162,7 +184,8 @@ def _prefect_artifacts(summary: dict) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     run_id = summary["run_id"]
-    create_markdown_artifact(report_markdown(summary), key=f"{run_id}-report",
+    png = base64.b64encode(Path(summary["timeline_png"]).read_bytes()).decode()
+    create_markdown_artifact(report_markdown(summary, f"data:image/png;base64,{png}"), key=f"{run_id}-report",
                              description=f"{summary['verdict']} (files: {summary['report_dir']})")
     create_table_artifact([{"t_s": round(e["t_s"], 1), "event": e["kind"],
                             "detail": json.dumps({k: v for k, v in e.items() if k not in ("t_s", "kind")})}

@@ -16,10 +16,11 @@ import numpy as np
 from tasks.errors import UserInputError
 from tasks.model import Model
 from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
 from tasks.profile import Profile
-from tasks.providers.base import Provider, ProviderEvent
+from tasks.providers.base import Instance, LaunchResult, Provider, ProviderEvent
+from tasks.providers.plan_step import launch_step, takeover_counts, worker_counts
 
 log = logging.getLogger("spotfill.session")
 
@@ -46,10 +47,6 @@ class TimelineEntry:
     t_s: float
     kind: str  # "plan", "revocation", "replan", "drift", "capacity", "done"
     detail: dict
-
-
-class SpotCapacityError(RuntimeError):
-    """A launch got fewer instances than asked (the market had no capacity); retried."""
 
 
 def capped_quotas(quota: dict[str, int], max_instances: int) -> dict[str, int]:
@@ -85,6 +82,9 @@ class TrainingSession:
         self.initial_loss: float | None = None
         self.replans = 0
         self.revocations = 0
+        self.shortfalls: list[dict] = []  # what the market refused, launch by launch
+        self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
+        self.progress_origin: tuple[float, float | None] = (0.0, None)  # (t_s, loss) where the plan in effect began
         self._hazards: dict[str, float] | None = None
         types = {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
@@ -118,9 +118,13 @@ class TrainingSession:
 
     def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
         """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
-        risk, and the run still does its best)."""
+        risk, and the run still does its best); if the market left nothing, an empty plan."""
         from tasks.market.replan import cheapest_or_fastest
 
+        if sum(request.quota.values()) == 0 and not any(request.existing.values()):
+            message = "the market has no capacity left for any candidate type"
+            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": message}))
+            return PlanResult("infeasible", {}, float("inf"), 0.0, 0.0, 0.0, 0.0, 0.0, "none", 0.0, message=message)
         replanned = cheapest_or_fastest(request)  # the same policy the market replay runs
         result = replanned.result
         if replanned.at_risk:
@@ -143,29 +147,45 @@ class TrainingSession:
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
                              ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule)
 
-    def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
-        """Start what `plan` has beyond the running workers; returns what was started. A short
-        launch (no capacity) lowers that type's quota to what it has and raises
-        SpotCapacityError, so the caller re-plans with the market as it is."""
-        from tasks.runtime.driver import add_workers
+    def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
+        """Start what `plan` has beyond the running workers, as one plan step (idempotent per
+        plan id). A type the market refuses gets its quota lowered to what runs of it now, and a
+        `capacity` entry on the timeline; the caller re-plans (launch_plan)."""
+        from tasks.runtime.driver import worker_startup
 
-        running = self.running_workers()
-        started: dict[str, int] = {}
-        for t, n in sorted(plan.items()):
-            want = n - running.get(t, 0)
-            if want <= 0:
-                continue
+        alive = self.alive_workers()
+        counts = takeover_counts(plan, alive)
+        startups = {}
+        for t in counts:
             inst = self.profile.instance(t)
-            result = add_workers(self.run, t, want, batch_size=inst.gpus * inst.batch_per_gpu,
-                                 plan_id=plan_id, extra_args=self.worker_args())
-            started[t] = len(result.instances)
-            if result.unavailable:
-                self.quota[t] = running.get(t, 0) + len(result.instances)
-                self.timeline.append(TimelineEntry(self.elapsed_s(), "capacity", {"type": t, "why": result.unavailable}))
-                raise SpotCapacityError(result.unavailable)
+            startups[t] = worker_startup(self.run, inst.gpus * inst.batch_per_gpu, self.worker_args())
+        result = launch_step(self.provider, self.run_id, plan_id, counts, startup=startups)
+        running = worker_counts(alive + result.instances)
+        for t, refusal in sorted(result.refused.items()):
+            self.quota[t] = running.get(t, 0)
+            shortfall = {"type": t, "kind": refusal.kind, "missing": refusal.missing, "why": refusal.message}
+            self.shortfalls.append(shortfall)
+            self.timeline.append(TimelineEntry(self.elapsed_s(), "capacity", shortfall))
         if self.started_s is None:
             self.started_s = time.time()
-        return started
+        return result
+
+    def launch_plan(self, result: PlanResult, plan_id: str, current_loss: float | None = None) -> PlanResult:
+        """Launch a plan; while the market refuses part of it, re-plan with what runs (the refused
+        types capped at what they have) and launch the difference. Returns the plan in effect.
+        Each refusal caps a type at what runs, so this ends after at most one round per type."""
+        for attempt in range(len(self.quota) + 1):
+            launched = self.launch(result.plan, f"{plan_id}-{attempt}")
+            if not launched.refused or attempt == len(self.quota):
+                break
+            result = self.decide_replan("capacity", self.elapsed_s(), current_loss)
+        if self.started_plan is None:
+            self.started_plan = result
+        return result
+
+    def alive_workers(self, leaving: set[str] = frozenset()) -> list[Instance]:
+        return [i for i in self.provider.describe(self.run_id)
+                if i.role == "worker" and i.state in ("pending", "running") and i.instance_id not in leaving]
 
     def worker_args(self) -> tuple[str, ...]:
         f = self.request.filling
@@ -175,11 +195,7 @@ class TrainingSession:
                 "--fill-metrics-dir", str(self.run_dir / "filling"))
 
     def running_workers(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for inst in self.provider.describe(self.run_id):
-            if inst.role == "worker" and inst.state in ("pending", "running"):
-                counts[inst.type] = counts.get(inst.type, 0) + 1
-        return counts
+        return worker_counts(self.alive_workers())
 
     # ------------------------------------------------------------------ watching
     def elapsed_s(self) -> float:
@@ -218,36 +234,49 @@ class TrainingSession:
         counts = model.counts_vector(workers)
         return float(counts @ (1.0 / model.cluster_iteration_times_s(counts)[0]))
 
+    def loss_curve(self, plan: dict[str, int]) -> tuple[LossCurve, float]:
+        """The model's loss curve for a cluster, and its iteration time Texp (seconds per update)."""
+        model = Model.from_profile(self.profile)
+        r = model.evaluate(model.counts_vector(plan), self.request.slo.target_loss)
+        g = self.profile.loss
+        n = float(r["workers"][0])
+        spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
+        a = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+        return LossCurve(a, g.gamma1, g.gamma5), float(r["iteration_time_s"][0])
+
     def check_drift(self, obs: Observation) -> float | None:
-        """Drift against the cluster this poll saw (no second read of the instance table)."""
-        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers))
+        """Drift against the cluster this poll saw (no second read of the instance table): in
+        update rate, and in progress to the target loss since the plan in effect began."""
+        progress = None
+        if self.plans and self.plans[-1].plan:
+            curve, texp_s = self.loss_curve(self.plans[-1].plan)
+            t0, loss0 = self.progress_origin
+            progress = progress_ratio(curve, texp_s, obs.t_s - t0 - self.request.overhead_s, loss0, obs.loss)
+        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers), progress)
 
     # ------------------------------------------------------------------ re-planning
-    def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset(),
-               attempts: int = 3) -> PlanResult:
-        """Solve again with the survivors as existing instances, the remaining time and the loss
-        reached, then launch the takeover; training carries on meanwhile. A takeover the market
-        cannot fill lowers that type's quota and is planned again (up to `attempts` times)."""
+    def decide_replan(self, reason: str, t_s: float, current_loss: float | None,
+                      leaving: set[str] = frozenset()) -> PlanResult:
+        """The re-plan decision, in one place: solve again with the survivors as existing
+        instances, the time left and the loss reached, under the current quotas (lowered by what
+        the market refused). Recorded as a plan, a re-plan and a timeline entry."""
         self.replans += 1
-        remaining_s = self.request.slo.deadline_s - obs.t_s
+        survivors = worker_counts(self.alive_workers(leaving))
+        remaining_s = max(self.request.slo.deadline_s - t_s, 1e-3)
+        result = self.solve_or_fastest(self.plan_request(remaining_s, existing=survivors, current_loss=current_loss))
+        self.plans.append(result)
+        self.timeline.append(TimelineEntry(t_s, "replan", {
+            "reason": reason, "survivors": survivors, "plan": result.plan,
+            "predicted_remaining_s": result.predicted_time_s, "solver": result.solver}))
+        return result
+
+    def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset()) -> PlanResult:
+        """Re-plan (decide_replan) and launch the takeover; training carries on meanwhile."""
         current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.target_loss else None
-        for attempt in range(attempts):
-            survivors: dict[str, int] = {}
-            for inst in self.provider.describe(self.run_id):
-                if inst.role == "worker" and inst.state in ("pending", "running") and inst.instance_id not in leaving:
-                    survivors[inst.type] = survivors.get(inst.type, 0) + 1
-            result = self.solve_or_fastest(self.plan_request(max(remaining_s, 1e-3), existing=survivors,
-                                                             current_loss=current))
-            self.plans.append(result)
-            self.timeline.append(TimelineEntry(obs.t_s, "replan", {
-                "reason": reason, "survivors": survivors, "plan": result.plan,
-                "predicted_remaining_s": result.predicted_time_s, "solver": result.solver}))
-            try:
-                self.launch(result.plan, plan_id=f"replan-{self.replans}-{attempt}")
-                break
-            except SpotCapacityError:
-                continue
+        result = self.decide_replan(reason, obs.t_s, current, leaving)
+        result = self.launch_plan(result, f"replan-{self.replans}", current)
         self.drift.reset()
+        self.progress_origin = (obs.t_s, obs.loss)
         return result
 
     def refit_for_drift(self, ratio: float) -> None:

@@ -19,6 +19,7 @@ from tasks.providers.base import Provider, ProviderEvent
 
 REPO = Path(__file__).resolve().parents[2]
 REPLAN_REQUEST = "replan-request.json"
+PROGRESS = "progress.json"  # the latest poll's time, loss and spend: what a stopped run's report reads
 
 # Callables told of every observation (the CLI's progress bar listens here).
 PROGRESS_LISTENERS: list[Callable[[TrainingSession, Observation], None]] = []
@@ -69,6 +70,7 @@ def make_provider(request: TrainRequest) -> tuple[Provider, dict]:
         from tasks.profiling.presets import local_provider
 
         provider, emulation = local_provider(profiling_preset(request), Path(request.artifacts_dir))
+        provider.capacity.update(settings.capacity)
     else:
         from tasks.providers.aws import AwsProvider, load_aws_config
 
@@ -184,6 +186,53 @@ def start_revocation_replay(session: TrainingSession) -> None:
         timer.start()
 
 
+def event_resource(session: TrainingSession) -> dict:
+    """The run as a Prefect event resource (what the drift automation matches)."""
+    return {"prefect.resource.id": f"spotfill.run.{session.run_id}",
+            "spotfill.drift-action": session.request.drift_action}
+
+
+def record_drift(session: TrainingSession, action) -> None:
+    session.timeline.append(TimelineEntry(session.elapsed_s(), "drift",
+                                          {"reason": action.reason, "speed_ratio": action.speed_ratio}))
+
+
+def record_progress(session: TrainingSession, obs: Observation) -> None:
+    """Where the run stands, on disk, so that a run stopped from outside can still be accounted for."""
+    from tasks.atomic import atomic_write_json
+
+    atomic_write_json(session.run_dir / PROGRESS, {
+        "t_s": obs.t_s, "loss": obs.loss, "spent_usd": obs.spent_usd, "ps_spent_usd": obs.ps_spent_usd,
+        "workers": obs.workers, "plan": session.plans[-1].plan if session.plans else {},
+        "replans": session.replans, "revocations": session.revocations, "shortfalls": session.shortfalls})
+
+
+def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict:
+    """A run cancelled or crashed: terminate what it started (the stateless cleanup) and write
+    its report from the last progress on disk: how long it ran and what it spent."""
+    from tasks.atomic import atomic_write_json, atomic_write_text
+    from tasks.cleanup import cleanup_run
+
+    artifacts = Path(request.artifacts_dir)
+    terminated, _ = cleanup_run(request.provider.name, run_id, artifacts_dir=artifacts,
+                                aws_config={**request.provider.aws, "region": request.provider.region})
+    run_dir = artifacts / run_id
+    try:
+        last = json.loads((run_dir / PROGRESS).read_text())
+    except (OSError, json.JSONDecodeError):
+        last = {"t_s": 0.0, "loss": None, "spent_usd": 0.0, "ps_spent_usd": 0.0}
+    loss = "n/a" if last["loss"] is None else f"{last['loss']:.4f}"
+    verdict = (f"Run {state_name.lower()} after {last['t_s']:.1f} s of training: loss {loss} (target "
+               f"{request.slo.target_loss:g}); spent ${last['spent_usd']:.4f} on workers plus "
+               f"${last['ps_spent_usd']:.4f} for the PS; {terminated} instance(s) terminated at the stop")
+    summary = {"run_id": run_id, "state": state_name, "verdict": verdict, "met": False, **last,
+               "terminated_at_stop": terminated}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_text(run_dir / "report.md", f"# {run_id}\n\n**{verdict}**\n")
+    return summary
+
+
 def record_revocation(session: TrainingSession, event: ProviderEvent) -> None:
     session.timeline.append(TimelineEntry(session.elapsed_s(), "revocation",
                                           {"instance_id": event.instance_id, "kind": event.kind}))
@@ -217,10 +266,11 @@ def alternatives_rows(session: TrainingSession) -> list[dict]:
              "status": r["status"]} for r in rows]
 
 
-def outcome(session: TrainingSession, obs: Observation) -> dict:
+def outcome(session: TrainingSession, obs: Observation, why: str = "target") -> dict:
+    """How the run ended; `why` is the controller's reason (target, deadline, stopped, no workers)."""
     met = session.reached_target(obs) and obs.t_s <= session.request.slo.deadline_s
-    session.timeline.append(TimelineEntry(obs.t_s, "done", {"met": met, "loss": obs.loss}))
-    return {"met": met, "observed_time_s": obs.t_s, "final_loss": obs.loss, "spent_usd": obs.spent_usd,
+    session.timeline.append(TimelineEntry(obs.t_s, "done", {"met": met, "loss": obs.loss, "why": why}))
+    return {"met": met, "ended": why, "observed_time_s": obs.t_s, "final_loss": obs.loss, "spent_usd": obs.spent_usd,
             "ps_spent_usd": obs.ps_spent_usd,
             "updates": obs.updates, "samples": obs.samples, "stopped": obs.stopped}
 

@@ -1,5 +1,5 @@
 """What the watch loop computes from telemetry: progress towards the SLO, money spent, and
-whether observed speed has drifted from the prediction."""
+whether the run has drifted from the prediction, in update rate or in progress to the target."""
 from __future__ import annotations
 
 from collections import deque
@@ -13,6 +13,34 @@ def loss_progress(initial_loss: float | None, current_loss: float | None, target
     if initial_loss <= target_loss:
         return 1.0
     return min(1.0, max(0.0, (initial_loss - current_loss) / (initial_loss - target_loss)))
+
+
+@dataclass(frozen=True)
+class LossCurve:
+    """The model's loss after j updates, loss(j) = a / (j + gamma1) + gamma5 (Eq. 3 for one
+    cluster), read both ways: progress in loss is progress in updates."""
+
+    a: float
+    gamma1: float
+    gamma5: float
+
+    def loss_at(self, updates):
+        return self.a / (updates + self.gamma1) + self.gamma5
+
+    def updates_to(self, loss: float) -> float:
+        """The updates the curve needs to reach `loss` (infinite at or below its floor gamma5)."""
+        return float("inf") if loss <= self.gamma5 else self.a / (loss - self.gamma5) - self.gamma1
+
+
+def progress_ratio(curve: LossCurve, iteration_time_s: float, since_s: float, start_loss: float | None,
+                   loss: float | None) -> float | None:
+    """Observed progress to the target over what the plan predicted, both in the curve's
+    updates: from the plan's start (`start_loss`, None: the start of training) to `loss`, against
+    `since_s` seconds of the plan's iteration time. None until there is a loss and a prediction."""
+    if loss is None or since_s <= 0 or iteration_time_s <= 0:
+        return None
+    start = 0.0 if start_loss is None else curve.updates_to(start_loss)
+    return (curve.updates_to(loss) - start) / (since_s / iteration_time_s)
 
 
 @dataclass
@@ -31,8 +59,9 @@ class CostMeter:
 
 @dataclass
 class DriftDetector:
-    """Flags drift when the observed update rate stays below the predicted one by more than
-    `threshold` (relative) for `window_s` seconds; `reset()` after a re-plan."""
+    """Flags drift when the observed update rate, or the progress to the target loss, stays below
+    the predicted one by more than `threshold` (relative) for `window_s` seconds; `reset()` after
+    a re-plan."""
 
     threshold: float
     window_s: float
@@ -43,9 +72,10 @@ class DriftDetector:
         self.samples.clear()
         self.below_since = None
 
-    def observe(self, now_s: float, updates_total: int, predicted_updates_per_s: float) -> float | None:
-        """Record one poll; returns the observed/predicted speed ratio once drift has lasted the
-        whole window (else None)."""
+    def observe(self, now_s: float, updates_total: int, predicted_updates_per_s: float,
+                progress: float | None = None) -> float | None:
+        """Record one poll; returns the observed/predicted ratio (the lower of update rate and
+        `progress`, see progress_ratio) once drift has lasted the whole window (else None)."""
         self.samples.append((now_s, updates_total))
         while len(self.samples) > 2 and now_s - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
@@ -53,6 +83,8 @@ class DriftDetector:
         if now_s - t0 < self.window_s / 2 or predicted_updates_per_s <= 0:
             return None
         ratio = (updates_total - u0) / (now_s - t0) / predicted_updates_per_s
+        if progress is not None:
+            ratio = min(ratio, progress)
         if ratio >= 1.0 - self.threshold:
             self.below_since = None
             return None

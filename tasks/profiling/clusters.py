@@ -103,7 +103,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
 
     `ps_megabits_per_s` caps the PS's emulated NIC (local provider); `ps_bandwidth_mbps` is the PS
     bandwidth recorded for the fit (MB/s), by default that cap / 8, or without a cap the PS
-    instance type's NIC / 8. On a small machine the processes of many clusters at once compete for
+    instance type's NIC (`network_mbytes_per_s`, already MB/s). On a small machine the processes of many clusters at once compete for
     the cores and stretch the communication times the contention fit reads; waves keep that down.
     """
     from tasks.profiling.measurements import megabits_to_mbps
@@ -120,7 +120,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
     if ps_bandwidth_mbps is None:
         if ps_megabits_per_s is None:  # not capped: the PS instance's own NIC
             types = {t.name: t for t in provider.list_types()}
-            ps_bandwidth_mbps = megabits_to_mbps(types[ps_type or next(iter(clusters[0]))].network_mbps)
+            ps_bandwidth_mbps = types[ps_type or next(iter(clusters[0]))].network_mbytes_per_s
         else:
             ps_bandwidth_mbps = megabits_to_mbps(ps_megabits_per_s)
     started_s = time.monotonic()

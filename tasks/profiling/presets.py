@@ -84,9 +84,9 @@ def local_provider(p: Preset, artifacts_dir: Path):
     from tasks.providers.local import LocalProvider, default_types
 
     types = {t.name: t for t in default_types()[0]}
-    nics = {types[name].network_mbps for name in p.types}
+    nics = {types[name].network_mbytes_per_s for name in p.types}
     if len(nics) != 1:
         raise UserInputError(f"preset {p.name}: types {p.types} have different NICs {sorted(nics)}; the model has one Breq")
-    e = p.emulation(param_mb(p.workload, p.workload_options), nics.pop())
+    e = p.emulation(param_mb(p.workload, p.workload_options), 8.0 * nics.pop())
     provider = LocalProvider(artifacts_dir, bandwidth_scale=e["bandwidth_scale"], reference_compute_s=e["reference_compute_s"])
     return provider, e

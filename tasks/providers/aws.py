@@ -39,7 +39,6 @@ from tasks.providers import aws_catalog
 from tasks.providers.aws_catalog import Catalog, TypeFacts
 from tasks.providers.imds_watcher import TAG_NOTICE, TAG_REBALANCE
 from tasks.providers.base import (
-    CapacityError,
     Instance,
     InstanceType,
     LaunchResult,
@@ -47,6 +46,7 @@ from tasks.providers.base import (
     Provider,
     ProviderEvent,
     QuotaError,
+    Refusal,
     Role,
     Startup,
 )
@@ -61,7 +61,9 @@ TAG_TYPE = "spotfill:type"
 ALIVE_STATES = ["pending", "running"]
 BILLED_STATES = ["pending", "running", "stopping", "stopped"]  # what cleanup must terminate
 SPOT_REVOCATION_CODES = ("Server.SpotInstanceTermination", "Server.SpotInstanceShutdown")
-CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "Unsupported")
+# EC2's ways of saying "the market has none for you now": returned as a Refusal, never raised.
+CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported")
+PRICE_CODES = ("SpotMaxPriceTooLow",)
 QUOTA_CODES = ("InstanceLimitExceeded", "MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "SpotInstanceLimitExceeded")
 AUTH_CODES = ("AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -170,6 +172,14 @@ def aws_errors(region: str) -> Iterator[None]:
             op = err.operation_name
             raise UserInputError(f"AWS refused {op} in {region} ({code}): check the credentials and the IAM policy in docs/aws-iam-policy.json") from None
         raise
+
+
+def refusal_kind(code: str) -> str | None:
+    """The Refusal kind of an EC2 error code, or None for an error that is not the market's no."""
+    for kind, codes in (("capacity", CAPACITY_CODES), ("price", PRICE_CODES), ("quota", QUOTA_CODES)):
+        if code in codes:
+            return kind
+    return None
 
 
 def check_id(kind: str, value: str) -> str:
@@ -358,12 +368,12 @@ class AwsProvider(Provider):
             try:
                 reply = self.ec2.run_instances(**params)
             except ClientError as err:
-                code = err.response["Error"]["Code"]
-                if code in CAPACITY_CODES:
-                    raise CapacityError(instance_type, f"{instance_type} unavailable in {cfg.region} now ({code})") from None
-                if code in QUOTA_CODES:
-                    raise QuotaError(f"EC2 refused {need} x {instance_type} ({code}): the account's quota is reached") from None
-                raise
+                kind = refusal_kind(err.response["Error"]["Code"])
+                if kind is None:
+                    raise
+                message = f"EC2 refused {need} x {instance_type} in {cfg.region} now ({err.response['Error']['Code']})"
+                log.info("%s for run %s plan %s", message, run_id, plan_id)
+                return LaunchResult([_instance(d) for d in mine], {instance_type: Refusal(instance_type, kind, need, message)})
         started = [_instance(d) for d in reply["Instances"]]
         log.info("launched %d x %s (%s, %s) for run %s plan %s", len(started), instance_type, role, market, run_id, plan_id)
         return LaunchResult([_instance(d) for d in mine] + started)

@@ -44,7 +44,7 @@ class TypeFacts:
     gpus: int
     gpu_model: str
     gpu_memory_gb: float
-    network_mbps: float  # MB/s, the project's bandwidth unit (baseline, not burst)
+    network_mbytes_per_s: float  # megabytes/s, the project's bandwidth unit (baseline, not burst)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def type_facts(described: dict[str, Any]) -> TypeFacts:
         gpus=sum(int(g.get("Count", 0)) for g in gpus),
         gpu_model=" ".join(filter(None, [gpus[0].get("Manufacturer"), gpus[0].get("Name")])) or "none",
         gpu_memory_gb=float(gpu_info.get("TotalGpuMemoryInMiB", 0)) / 1024.0,
-        network_mbps=baseline_gbps * 1000.0 / 8.0,
+        network_mbytes_per_s=baseline_gbps * 1000.0 / 8.0,
     )
 
 
@@ -258,7 +258,7 @@ def build_catalog(
             gpus=f.gpus,
             gpu_model=f.gpu_model,
             gpu_memory_gb=f.gpu_memory_gb,
-            network_mbps=f.network_mbps,
+            network_mbytes_per_s=f.network_mbytes_per_s,
             on_demand_usd_per_h=on_demand[name],
             spot_usd_per_h=cheapest[name].current_usd_per_h,
             interruption_band=bands.get(name),
@@ -302,3 +302,34 @@ def fetch_vcpu_quotas(service_quotas: Any, market: str) -> dict[str, float]:
             raise
         quotas[group] = float(reply["Quota"]["Value"])
     return quotas
+
+
+def merge_live(shipped: dict, live: Catalog) -> dict:
+    """The shipped instance catalog (tasks/catalog.py's format) with a live refresh of one region
+    laid over it: hardware from DescribeInstanceTypes, and each GPU type's spot prices in the
+    region from DescribeSpotPriceHistory (current, and the window's min/mean/max over its zones).
+    On-demand prices: EC2 does not publish them; the shipped ones stay. Types the API knows and
+    the catalog does not are added."""
+    merged = {**shipped, "types": [dict(t) for t in shipped["types"]]}
+    by_name = {t["type"]: t for t in merged["types"]}
+    for name, f in sorted(live.facts.items()):
+        if f.gpus == 0:
+            continue
+        entry = by_name.setdefault(name, {"type": name, "regions": {}})
+        if entry not in merged["types"]:
+            merged["types"].append(entry)
+        entry.update({"gpus": f.gpus, "gpu_model": f.gpu_model, "gpu_memory_gb": f.gpu_memory_gb, "vcpus": f.vcpus,
+                      "network_mbps": f.network_mbytes_per_s})
+        stats = [s for s in live.prices if s.instance_type == name]
+        if not stats:
+            continue
+        region = dict(entry["regions"].get(live.region) or {"on_demand_usd_per_h": None, "interruption_band": None,
+                                                          "interruption_label": None})
+        region.update({"spot_current_usd_per_h": min(s.current_usd_per_h for s in stats),
+                       "spot_min_usd_per_h": min(s.min_usd_per_h for s in stats),
+                       "spot_avg_usd_per_h": sum(s.mean_usd_per_h for s in stats) / len(stats),
+                       "spot_max_usd_per_h": max(s.max_usd_per_h for s in stats)})
+        entry["regions"] = {**entry["regions"], live.region: region}
+    merged["types"].sort(key=lambda t: t["type"])
+    merged["refreshed"] = {"region": live.region, "at": live.refreshed_at.isoformat(), "from": "the EC2 API"}
+    return merged

@@ -4,6 +4,14 @@ Every call is idempotent and tagged with the run id (and, for launches, the plan
 step finds what it already started instead of starting more, and cleanup can find everything a run
 ever started. Modelled on SkyPilot's managed jobs: the recovery logic lives in the flows, the
 provider only does one cloud call's worth of work per method.
+
+When the cloud says no, one taxonomy, whichever provider:
+- the market refuses (no spot capacity now, the account's instance quota, a price over the cap):
+  `launch` returns what it did start and a `Refusal` per type in its `LaunchResult`; never raised,
+  because a shortfall is an input to the planner (lower that type's quota, re-plan with what runs);
+- the run's own guard (max instances, max spend per hour, configured or vCPU quotas read before
+  the call) refuses a whole step before anything starts: `QuotaError`, raised;
+- bad input: `tasks.errors.UserInputError`; anything else is a failure and the step is rolled back.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ Role = Literal["ps", "worker"]
 Market = Literal["spot", "on-demand"]
 InstanceState = Literal["pending", "running", "notice", "terminated"]
 EventKind = Literal["revocation_notice", "revoked", "rebalance"]
+RefusalKind = Literal["capacity", "quota", "price"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +34,7 @@ class InstanceType:
     gpus: int
     gpu_model: str
     gpu_memory_gb: float
-    network_mbps: float
+    network_mbytes_per_s: float  # NIC baseline bandwidth, megabytes per second (AWS publishes Gbit/s)
     on_demand_usd_per_h: float
     spot_usd_per_h: float
     interruption_band: int | None = None  # Spot Advisor band 0..4 (<5% .. >20% a month)
@@ -60,24 +69,31 @@ class ProviderEvent:
     deadline_s: float | None = None  # for notices: when the instance will be taken
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The market's "no" to part of a launch: how many of a type did not start, and why."""
+
+    instance_type: str
+    kind: RefusalKind  # capacity: none free now; quota: the account's limit; price: over the max price
+    missing: int  # instances asked for and not started
+    message: str  # the cloud's reason, for the report
+
+
 @dataclass
 class LaunchResult:
-    """What a launch achieved; `unavailable` says why fewer than asked were started."""
+    """What a launch (one type, or a whole plan step) got, and what the market refused, by type."""
 
     instances: list[Instance]
-    unavailable: str | None = None
+    refused: dict[str, Refusal] = field(default_factory=dict)
 
-
-class CapacityError(RuntimeError):
-    """The cloud has no capacity for a type now (fed back to the planner, not a crash)."""
-
-    def __init__(self, instance_type: str, message: str):
-        super().__init__(message)
-        self.instance_type = instance_type
+    def merge(self, other: "LaunchResult") -> None:
+        self.instances.extend(other.instances)
+        self.refused.update(other.refused)
 
 
 class QuotaError(RuntimeError):
-    """The account's quota (or the run's guard) does not admit the launch; nothing was started."""
+    """The run's guard, or a quota known before the call, does not admit the step; nothing was
+    started. (A quota the cloud reports while launching is a `Refusal` instead.)"""
 
 
 class Provider(abc.ABC):
@@ -100,7 +116,8 @@ class Provider(abc.ABC):
         startup: Startup | None = None,
     ) -> LaunchResult:
         """Start `count` instances for this (run, plan step, type, role); idempotent: a retry
-        returns the instances the first call started rather than starting more."""
+        returns the instances the first call started rather than starting more. What the market
+        refuses is in the result's `refused`, never raised."""
 
     @abc.abstractmethod
     def terminate(self, instance_ids: list[str]) -> None:

@@ -4,7 +4,7 @@ Each instance is a local process (its Startup argv; "python" means this interpre
 its own process group, with its output in <artifacts>/<run-id>/logs/<instance-id>.log. Its
 instance type shapes it: the provider passes SPOTFILL_INSTANCE_ID, SPOTFILL_INSTANCE_TYPE,
 SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the type's network
-bandwidth times `bandwidth_scale`, which the PS shapes the worker's traffic to; bandwidth_scale=None:
+bandwidth in megabits/s times `bandwidth_scale`, which the PS shapes the worker's traffic to; bandwidth_scale=None:
 not shaped), SPOTFILL_NOTICE_FILE and, if set,
 SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tasks.errors import UserInputError
 from tasks.providers.base import (
-    Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Role, Startup,
+    Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,11 +56,9 @@ def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceTy
     types, throughput = [], {}
     for p in profile["instances"]:
         f = facts.get(p["type"], {})
-        # The emulation shapes traffic in megabits/s; the catalog gives the NIC in MB/s.
-        nic_megabits_per_s = 8.0 * (f.get("network_mbps") or 125.0)
         types.append(InstanceType(
             name=p["type"], gpus=p["gpus"], gpu_model=f.get("gpu_model") or "unknown",
-            gpu_memory_gb=float(f.get("gpu_memory_gb") or 0), network_mbps=nic_megabits_per_s,
+            gpu_memory_gb=float(f.get("gpu_memory_gb") or 0), network_mbytes_per_s=float(f.get("network_mbps") or 125.0),
             on_demand_usd_per_h=p["on_demand_price"], spot_usd_per_h=p["spot_price"],
         ))
         throughput[p["type"]] = p["gpus"] * p["batch_per_gpu"] / p["compute_time_s"]
@@ -192,17 +190,18 @@ class LocalProvider(Provider):
             if mine:  # a retry: what the first call started
                 self._save(run_id, table)
                 return LaunchResult([self._instance(r) for r in mine])
-            unavailable = None
+            refused = {}
             if market == "spot" and instance_type in self.capacity:
                 running = sum(1 for r in table["instances"] if r["type"] == instance_type
                               and r["market"] == "spot" and r["state"] != "terminated")
                 free = max(0, self.capacity[instance_type] - running)
                 if free < count:
-                    unavailable = f"{instance_type}: the spot market has {free} free, asked {count}"
+                    refused[instance_type] = Refusal(instance_type, "capacity", count - free,
+                                                     f"{instance_type}: the spot market has {free} free, asked {count}")
                     count = free
             started = [self._start(run_id, table, plan_id, instance_type, role, market, startup) for _ in range(count)]
             self._save(run_id, table)
-            return LaunchResult([self._instance(r) for r in started], unavailable)
+            return LaunchResult([self._instance(r) for r in started], refused)
 
     def _start(self, run_id, table, plan_id, instance_type, role, market, startup) -> dict:
         instance_id = f"local-{run_id}-{table['next_id']:04d}"  # unique across runs: terminate() looks in every run
@@ -222,7 +221,8 @@ class LocalProvider(Provider):
             "SPOTFILL_WATCH_PID": str(os.getpid()),
         }
         if self.bandwidth_scale is not None:
-            env["SPOTFILL_NIC_MBPS"] = repr(itype.network_mbps * self.bandwidth_scale)
+            # the worker shapes in megabits/s; the type's NIC is in megabytes/s
+            env["SPOTFILL_NIC_MBPS"] = repr(8.0 * itype.network_mbytes_per_s * self.bandwidth_scale)
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]

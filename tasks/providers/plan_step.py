@@ -1,31 +1,30 @@
-"""Launch one plan step on any provider: all of it, or none of it that is not explained.
+"""Launch one plan step on any provider: all of it, or an account of what the market refused.
 
-A type the cloud has no capacity for is reported back (the planner re-solves with that type
-capped at what is alive); any other failure, or Ctrl-C, terminates what this step started and
-re-raises, so a broken step never leaves instances running.
+A type the market refuses (capacity, the account's quota, price) comes back in the result's
+`refused`, with whatever did start; the caller re-plans with that type capped at what runs. Any
+other failure, or Ctrl-C, terminates what this step started and re-raises, so a broken step never
+leaves instances running.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Mapping
 
-from tasks.providers.base import CapacityError, Instance, Provider, Role, Startup
+from tasks.providers.base import Instance, LaunchResult, Provider, Role, Startup
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class StepResult:
-    instances: list[Instance]
-    unavailable: dict[str, str] = field(default_factory=dict)  # type -> why it could not start
+def worker_counts(instances: list[Instance]) -> dict[str, int]:
+    """Workers by type among these instances."""
+    return dict(Counter(i.type for i in instances if i.role == "worker"))
 
 
 def takeover_counts(plan: dict[str, int], alive: list[Instance]) -> dict[str, int]:
     """What a plan needs started on top of the instances still alive (the plan counts them)."""
-    have: dict[str, int] = {}
-    for instance in alive:
-        have[instance.type] = have.get(instance.type, 0) + 1
-    return {t: n - have.get(t, 0) for t, n in sorted(plan.items()) if n > have.get(t, 0)}
+    have = Counter(i.type for i in alive)
+    return {t: n - have[t] for t, n in sorted(plan.items()) if n > have[t]}
 
 
 def launch_step(
@@ -35,28 +34,22 @@ def launch_step(
     counts: dict[str, int],
     *,
     role: Role = "worker",
-    startup: Startup | None = None,
-) -> StepResult:
-    """Start counts[type] new spot instances of each type for this step (idempotent per step)."""
+    startup: Startup | Mapping[str, Startup] | None = None,
+) -> LaunchResult:
+    """Start counts[type] new spot instances of each type for this step (idempotent per step);
+    `startup` is one for every type, or one per type."""
     provider.check_step(run_id, plan_id, counts, role=role)  # a step over quota starts nothing
-    started: list[Instance] = []
-    unavailable: dict[str, str] = {}
+    result = LaunchResult([])
     try:
         for instance_type, count in sorted(counts.items()):
             if count <= 0:
                 continue
-            try:
-                result = provider.launch(run_id, plan_id, instance_type, count, role=role, startup=startup)
-            except CapacityError as err:
-                unavailable[err.instance_type] = str(err)
-                continue
-            started.extend(result.instances)
-            if result.unavailable:
-                unavailable[instance_type] = result.unavailable
+            step_startup = startup.get(instance_type) if isinstance(startup, Mapping) else startup
+            result.merge(provider.launch(run_id, plan_id, instance_type, count, role=role, startup=step_startup))
     except BaseException:
-        _roll_back(provider, run_id, plan_id, role, started)
+        _roll_back(provider, run_id, plan_id, role, result.instances)
         raise
-    return StepResult(started, unavailable)
+    return result
 
 
 def _roll_back(provider: Provider, run_id: str, plan_id: str, role: Role, started: list[Instance]) -> None:

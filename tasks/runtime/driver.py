@@ -101,7 +101,10 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
                              async_rule=async_rule)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
-        instances += provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup).instances
+        launched = provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup)
+        if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
+            raise RuntimeError(f"no parameter server: {launched.refused[ps_type].message}")
+        instances += launched.instances
     deadline_s = time.monotonic() + ready_timeout_s
     for shard, instance in enumerate(instances):
         while not (shard_dir(run_dir, shard) / READY_FILE).exists():
