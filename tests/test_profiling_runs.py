@@ -95,3 +95,17 @@ def test_clusters_train_in_waves_and_all_are_measured(provider):
     _assert_nothing_left(provider)
     with pytest.raises(ProfilingError, match="side_by_side must be at least 1"):
         profile_clusters(provider, "waves0", "transformer-lm", [m], clusters, side_by_side=0)
+
+
+def test_clusters_that_share_no_loss_band_within_the_budget_say_to_raise_it(provider):
+    """A model whose loss never falls: the clusters train past their duration until the budget
+    ends, then one error naming the flag; nothing is left running."""
+    from tasks.profiling.clusters import profile_clusters
+
+    spec = "tests.plugins.broken:never_learns"
+    m = profile_type(provider, "flat", spec, "p3.2xlarge", iterations=6, batch_per_gpu=4,
+                     ps_megabits_per_s=1000.0, memory_batches=(1, 2, 4))
+    with pytest.raises(ProfilingError, match=r"within the profiling budget of 20 s .*raise --profile-budget-s"):
+        profile_clusters(provider, "flat-clusters", spec, [m], [{"p3.2xlarge": 2}, {"p3.2xlarge": 1}],
+                         duration_s=1.0, ps_megabits_per_s=1000.0, budget_s=20.0)
+    _assert_nothing_left(provider)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tasks import cli_args
+from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset,
 # with a real Bamboo p2 trace replayed 25x faster: its drops at 212 s (9 -> 2 instances) and 299 s
@@ -31,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
+    p.add_argument("--profile-budget-s", type=cli_args.positive_float, default=None,
+                   help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
+    p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
+                   help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
     p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
     p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
                    help="with --solver risk: probability of meeting the deadline to plan for")
@@ -78,6 +83,7 @@ def build_request(args: argparse.Namespace):
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
             "candidates": {"types": types, "quotas": args.quota},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
+            "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
                          "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
@@ -100,7 +106,10 @@ def prefect_defaults() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tasks.runtime.workloads import check_workload
+
     request = build_request(args)
+    check_workload(request.workload, request.workload_options)  # before Prefect or any process starts
     prefect_defaults()
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline import stages

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import InfeasibleError, UserInputError
+from tasks.errors import UserInputError
 from tasks.model import Model
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
-from tasks.planner import PlanRequest, PlanResult, solve
-from tasks.planner import exact as exact_search
-from tasks.planner.problem import build_problem, make_result
+from tasks.planner import PlanRequest, PlanResult
 from tasks.profile import Profile
 from tasks.providers.base import Provider, ProviderEvent
 
@@ -100,6 +98,7 @@ class TrainingSession:
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
+            regions=tuple(self.request.regions),
             **self.risk_options(),
         )
 
@@ -120,13 +119,12 @@ class TrainingSession:
     def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
         """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
         risk, and the run still does its best)."""
-        try:
-            result = solve(request)
-        except InfeasibleError as err:
-            problem = build_problem(replace(request, deadline_s=1e12, overhead_s=0.0))
-            best, _ = exact_search.search(problem, "time", deadline_s=np.inf)
-            result = make_result(problem, best.counts, "fastest", "feasible", 0.0, 0, message=str(err))
-            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": str(err)}))
+        from tasks.market.replan import cheapest_or_fastest
+
+        replanned = cheapest_or_fastest(request)  # the same policy the market replay runs
+        result = replanned.result
+        if replanned.at_risk:
+            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": replanned.at_risk}))
         self.check_budget(result)
         return result
 
@@ -143,7 +141,7 @@ class TrainingSession:
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
-                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s)
+                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> dict[str, int]:
         """Start what `plan` has beyond the running workers; returns what was started. A short
@@ -254,7 +252,11 @@ class TrainingSession:
 
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the
-        profile's compute times so the model matches what is observed, then re-plan."""
+        profile's compute times so the model matches what is observed, then re-plan. No update
+        at all in the window (ratio 0: workers still starting, or all revoked) gives no speed to
+        refit to; the profile is kept and the re-plan alone acts."""
+        if ratio <= 0:
+            return
         data = self.profile.model_dump()
         for inst in data["instances"]:
             inst["compute_time_s"] = inst["compute_time_s"] / ratio

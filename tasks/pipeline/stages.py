@@ -55,8 +55,9 @@ def profiling_preset(request: TrainRequest):
         rename = {p.types[0]: types[0], p.types[-1]: types[-1]}
         renamed = [dict(sum((Counter({rename[t]: n}) for t, n in c.items()), Counter())) for c in p.fit_clusters]
         fit_clusters = tuple(c for k, c in enumerate(renamed) if c not in renamed[:k])
+    budget = {"cluster_budget_s": request.profile_budget_s} if request.profile_budget_s else {}
     return replace(p, workload=request.workload, workload_options=dict(request.workload_options), types=types,
-                   fit_clusters=fit_clusters)
+                   fit_clusters=fit_clusters, **budget)
 
 
 def make_provider(request: TrainRequest) -> tuple[Provider, dict]:
@@ -119,7 +120,8 @@ def profile_clusters(request: TrainRequest, run_id: str, measurements: list):
     try:
         return measure(provider, f"{run_id}-clusters", request.workload, measurements, list(p.fit_clusters),
                        duration_s=p.cluster_duration_s, workload_options=request.workload_options,
-                       ps_megabits_per_s=emulation.get("ps_megabits_per_s"), side_by_side=p.clusters_side_by_side)
+                       ps_megabits_per_s=emulation.get("ps_megabits_per_s"), side_by_side=p.clusters_side_by_side,
+                       budget_s=p.cluster_budget_s, async_rule=request.async_rule)
     finally:
         provider.cleanup(f"{run_id}-clusters")
 
@@ -139,13 +141,17 @@ def clusters_cache_key(context, parameters: dict) -> str:
 
     r: TrainRequest = parameters["request"]
     return "profile-clusters-" + cache_key(r.workload, r.candidates.types, r.workload_options,
-                                           {"provider": r.provider.name, "preset": r.profiling})
+                                           {"provider": r.provider.name, "preset": r.profiling,
+                                            "budget_s": r.profile_budget_s, "async_rule": r.async_rule})
 
 
 def fit_and_save(request: TrainRequest, measurements: list, clusters: list, run_dir: Path) -> Profile:
     from tasks.profiling.fit import fit_profile
     from tasks.profiling.store import RawMeasurements, provenance, save_profile
 
+    from tasks.profiling.clusters import check_target_profiled
+
+    check_target_profiled(clusters, request.slo.target_loss)  # before planning on the curve
     quotas = {t: request.candidates.quota(t) for t in request.candidates.types}
     fitted = fit_profile(request.workload, measurements, clusters, quotas=quotas)
     wall = {f"type:{m.type}": m.wall_s for m in measurements} | {"clusters_total": max(c.wall_s for c in clusters)}

@@ -4,6 +4,11 @@ Each cluster is its own run (its own PS and workers). From the telemetry: every 
 compute and push+pull times (for the contention fit) and the cluster's smoothed loss against its
 update count (for the loss-curve fit). The smoothing is the PS's own (an exponential moving
 average with the PS's factor), so the fitted curve describes the number the PS stops on.
+
+How long the clusters train adapts to the model: each trains at least `duration_s`, then on until
+every cluster profiled so far has crossed a common loss band (`band_reached`, the band the
+loss-curve fit reads), within a time budget for the whole stage (`budget_s`, shared evenly by the
+waves). A model that has not crossed it by then is a ProfilingError saying to raise the budget.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tasks.profiling.fit import loss_band
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
 from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
@@ -20,6 +26,42 @@ def loss_smoothing() -> float:
     from tasks.runtime.ps import PsConfig
 
     return PsConfig.__dataclass_fields__["loss_smoothing"].default
+
+
+MEASURED_UPDATES = 3  # steady updates each worker needs for its medians
+BAND_MIN_SHARE = 0.1  # the common band must span this share of the loss's fall (levels to fit on)
+EXTRAPOLATION_SHARE = 0.25  # a loss target may lie this share of the profiled fall below the lowest loss seen
+
+
+def band_reached(curves: list[list[tuple[int, float]]]) -> bool:
+    """Whether the clusters' smoothed losses share a loss band wide enough to fit the curve on."""
+    if not curves or any(len(c) < 2 for c in curves):
+        return False
+    try:
+        top, bottom = loss_band(curves)
+    except ProfilingError:
+        return False
+    first = statistics.median(c[0][1] for c in curves)
+    lowest = min(loss for c in curves for _, loss in c)
+    return top - bottom >= BAND_MIN_SHARE * (first - lowest)
+
+
+def lowest_reachable_target(clusters: list[ClusterMeasurement]) -> float:
+    """The lowest loss target the profiled clusters support: their lowest smoothed loss, less
+    EXTRAPOLATION_SHARE of the fall they showed (the fitted curve is trusted a little beyond)."""
+    first = statistics.median(c.losses[0][1] for c in clusters)
+    lowest = min(loss for c in clusters for _, loss in c.losses)
+    return lowest - EXTRAPOLATION_SHARE * max(0.0, first - lowest)
+
+
+def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float) -> None:
+    """A loss target far below anything profiling saw is refused before planning."""
+    floor = lowest_reachable_target(clusters)
+    if target_loss < floor:
+        lowest = min(loss for c in clusters for _, loss in c.losses)
+        raise ProfilingError(f"loss target {target_loss:g} is below what profiling saw (lowest smoothed loss "
+                             f"{lowest:.4g}; targets down to {floor:.4g} are planned): raise --profile-budget-s "
+                             f"so the clusters train further, or aim at --loss {floor:.4g} or above")
 
 
 def smoothed_losses(updates: list[dict], factor: float) -> list[tuple[int, float]]:
@@ -39,7 +81,7 @@ def worker_observations(updates: list[dict], batches: dict[int, int], where: str
     observations = []
     for worker, rows in sorted(by_worker.items()):
         steady = [r for r in rows[WARMUP_UPDATES:] if r["comm_s"] is not None]
-        if len(steady) < 3:
+        if len(steady) < MEASURED_UPDATES:
             raise ProfilingError(f"{where}: worker {worker} made only {len(rows)} updates; "
                                  "too few to measure (run the clusters longer)")
         compute_s = statistics.median(r["compute_s"] for r in steady)
@@ -54,9 +96,10 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                      clusters: list[dict[str, int]], *, duration_s: float = 30.0, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, ps_bandwidth_mbps: float | None = None,
                      ps_type: str | None = None, side_by_side: int | None = None,
-                     timeout_s: float = 600.0) -> list[ClusterMeasurement]:
-    """Train every cluster for about `duration_s` seconds of updates each, `side_by_side` at a time
-    (default: all at once), in the order given.
+                     budget_s: float = 300.0, async_rule: str | None = None) -> list[ClusterMeasurement]:
+    """Train every cluster for at least `duration_s` seconds of updates each, and on until they
+    all cross a common loss band, `side_by_side` at a time (default: all at once), in the order
+    given; wave k of m must be done `budget_s` * k / m seconds after the stage started.
 
     `ps_megabits_per_s` caps the PS's emulated NIC (local provider); `ps_bandwidth_mbps` is the PS
     bandwidth recorded for the fit (MB/s), by default that cap / 8, or without a cap the PS
@@ -82,13 +125,17 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
             ps_bandwidth_mbps = megabits_to_mbps(ps_megabits_per_s)
     started_s = time.monotonic()
     wave = side_by_side or len(clusters)
+    waves = range(0, len(clusters), wave)
+    factor = loss_smoothing()
     runs = []
-    for first in range(0, len(clusters), wave):
+    for k, first in enumerate(waves, 1):
         runs += _train_side_by_side(provider, run_id, workload, by_type, list(enumerate(clusters))[first:first + wave],
                                     duration_s=duration_s, workload_options=workload_options,
-                                    ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type, timeout_s=timeout_s)
+                                    ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type,
+                                    deadline_s=started_s + budget_s * k / len(waves), budget_s=budget_s,
+                                    earlier=[smoothed_losses(update_records(r), factor) for r in runs],
+                                    async_rule=async_rule)
     wall_s = time.monotonic() - started_s
-    factor = loss_smoothing()
     results = []
     for cluster, run in zip(clusters, runs):
         where = f"profiling cluster {cluster}"
@@ -110,8 +157,10 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
 
 def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type: dict[str, TypeMeasurement],
                         numbered: list[tuple[int, dict[str, int]]], *, duration_s: float, workload_options: dict | None,
-                        ps_megabits_per_s: float | None, ps_type: str | None, timeout_s: float) -> list:
-    """Start the clusters at once, wait until each trained `duration_s`, stop them all (always)."""
+                        ps_megabits_per_s: float | None, ps_type: str | None, deadline_s: float,
+                        budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None) -> list:
+    """Start the clusters at once, wait until each trained `duration_s` and all of them with the
+    `earlier` waves' curves cross a common loss band (by `deadline_s`), stop them all (always)."""
     from tasks.runtime.driver import add_workers, start_run, stop_run
 
     runs = []
@@ -119,7 +168,8 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
     def start(k_cluster):
         k, cluster = k_cluster
         run = start_run(provider, f"{run_id}-c{k}", workload, workload_options=workload_options,
-                        ps_type=ps_type or next(iter(cluster)), ps_mbps=ps_megabits_per_s, checkpoint_every_s=3600.0)
+                        ps_type=ps_type or next(iter(cluster)), ps_mbps=ps_megabits_per_s, checkpoint_every_s=3600.0,
+                        async_rule=async_rule)
         runs.append(run)
         for instance_type, count in cluster.items():
             if count:
@@ -127,15 +177,33 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                 add_workers(run, instance_type, count, batch_size=batch)
         return run
 
-    def long_enough(p) -> bool:
-        return p.first_update_t is not None and p.last_update_t - p.first_update_t >= duration_s
+    def long_enough(cluster: dict[str, int]):
+        """`duration_s` of updates, and every worker past its warm-up with steps to measure."""
+        def done(p) -> bool:
+            return (p.first_update_t is not None and p.last_update_t - p.first_update_t >= duration_s
+                    and len(p.workers) >= sum(cluster.values())
+                    and all(w.updates >= WARMUP_UPDATES + MEASURED_UPDATES for w in p.workers.values()))
+        return done
 
+    factor = loss_smoothing()
     try:
         with ThreadPoolExecutor(len(numbered)) as pool:  # the PSs start side by side
             ordered = list(pool.map(start, numbered))
-        deadline_s = time.monotonic() + timeout_s
-        for run in ordered:
-            wait_until(run, long_enough, deadline_s)
+        for (_, cluster), run in zip(numbered, ordered):
+            wait_until(run, long_enough(cluster), deadline_s, what=f"within the profiling budget of {budget_s:g} s "
+                       f"(raise --profile-budget-s)")
+        while True:
+            curves = earlier + [smoothed_losses(update_records(run), factor) for run in ordered]
+            if band_reached(curves):
+                break
+            if time.monotonic() > deadline_s:
+                lows = ", ".join(f"{min(l for _, l in c):.4g}" for c in curves if c)
+                raise ProfilingError(f"the profiled clusters did not cross a common loss band within the profiling "
+                                     f"budget of {budget_s:g} s (lowest smoothed loss of each: {lows}); raise "
+                                     "--profile-budget-s, or lower the learning rate if a loss does not fall")
+            for run in ordered:
+                check_not_diverged(update_records(run), f"profiling cluster run {run.run_id}")
+            time.sleep(1.0)
     finally:
         for run in runs:
             stop_run(run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks.cli_args import positive_int
+from tasks.cli_args import positive_float, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload-opt", action="append", default=None, metavar="KEY=VALUE",
                    help="workload option (repeatable; replaces the preset's options)")
     p.add_argument("--iterations", type=int, default=None, help="single-type profiling iterations (default: 30)")
-    p.add_argument("--cluster-duration", type=float, default=None, help="seconds each profiling cluster trains")
+    p.add_argument("--cluster-duration", type=float, default=None, help="seconds each profiling cluster trains at least")
+    p.add_argument("--profile-budget-s", type=positive_float, default=None,
+                   help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -55,7 +57,7 @@ def _setup(args):
     import dataclasses
 
     from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import build_workload, parse_options
+    from tasks.runtime.workloads import check_workload, parse_options
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -67,8 +69,10 @@ def _setup(args):
         changes["iterations"] = args.iterations
     if args.cluster_duration is not None:
         changes["cluster_duration_s"] = args.cluster_duration
+    if args.profile_budget_s is not None:
+        changes["cluster_budget_s"] = args.profile_budget_s
     preset = dataclasses.replace(preset, **changes)
-    build_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
+    check_workload(preset.workload, preset.workload_options)  # a bad name, option or plug-in fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation
 

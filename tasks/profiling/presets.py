@@ -26,13 +26,14 @@ class Preset:
     ps_share: float  # PS NIC / one worker's NIC
     iterations: int  # single-type profiling
     fit_clusters: tuple[dict, ...]
-    cluster_duration_s: float
+    cluster_duration_s: float  # each fit cluster trains at least this long...
     validation_configs: tuple[dict, ...]
     loss_target: float
     parallel: int = 1  # validation runs at once (1: no run disturbs another's timing)
     clusters_side_by_side: int = 3  # fit clusters trained at once: the three mixed ones, then the two alone
     repeats: int = 2  # validation runs per configuration (observed = their mean; validate.py)
     settings: dict = field(default_factory=dict)
+    cluster_budget_s: float = 300.0  # ...and on until they share a loss band, within this (all waves)
 
     def emulation(self, param_mb: float, nic_megabits_per_s: float) -> dict:
         """Provider and PS settings: bandwidth_scale for the provider, ps_megabits_per_s for runs."""

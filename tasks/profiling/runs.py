@@ -53,7 +53,7 @@ def lost_worker_cause(run_dir: Path) -> str:
     return f"a worker process died; see {run_dir}/logs/"
 
 
-def wait_until(run, condition, deadline_s: float, poll_s: float = 0.1):
+def wait_until(run, condition, deadline_s: float, poll_s: float = 0.1, what: str = "in time"):
     """Wait until `condition(progress)` holds or the PS stopped (monotonic `deadline_s`);
     ProfilingError when a worker was lost or the deadline passed."""
     while True:
@@ -64,7 +64,7 @@ def wait_until(run, condition, deadline_s: float, poll_s: float = 0.1):
             raise ProfilingError(f"run {run.run_id}: a worker was lost after {progress.updates_total} updates: "
                                  f"{lost_worker_cause(run.run_dir)}")
         if time.monotonic() > deadline_s:
-            raise ProfilingError(f"run {run.run_id}: not finished in time "
+            raise ProfilingError(f"run {run.run_id}: not finished {what} "
                                  f"({progress.updates_total} updates so far)")
         time.sleep(poll_s)
 

@@ -21,7 +21,8 @@ from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, pr
 def preset_settings(p: Preset, emulation: dict) -> dict:
     """What, besides the workload and types, decides the measurements (part of the cache key)."""
     return {"batch_per_gpu": p.batch_per_gpu, "iterations": p.iterations, "fit_clusters": list(p.fit_clusters),
-            "cluster_duration_s": p.cluster_duration_s, "clusters_side_by_side": p.clusters_side_by_side, **emulation}
+            "cluster_duration_s": p.cluster_duration_s, "clusters_side_by_side": p.clusters_side_by_side,
+            "cluster_budget_s": p.cluster_budget_s, **emulation}
 
 
 PROFILING_STAGES = ("types alone", "clusters", "fit and save")
@@ -53,7 +54,8 @@ def profile_workload(provider, emulation: dict, p: Preset, *, directory: Path = 
     done(PROFILING_STAGES[0])
     clusters = profile_clusters(provider, f"{run_id}-clusters", p.workload, measurements, list(p.fit_clusters),
                                 duration_s=p.cluster_duration_s, workload_options=p.workload_options,
-                                ps_megabits_per_s=ps_megabits, side_by_side=p.clusters_side_by_side)
+                                ps_megabits_per_s=ps_megabits, side_by_side=p.clusters_side_by_side,
+                                budget_s=p.cluster_budget_s)
     done(PROFILING_STAGES[1])
     wall = {"types_total": types_wall_s, **{f"type:{m.type}": m.wall_s for m in measurements},
             "clusters_total": clusters[0].wall_s if clusters else 0.0, "total": time.monotonic() - started_s}

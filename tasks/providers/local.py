@@ -80,6 +80,13 @@ def _proc_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def child_pythonpath() -> str:
+    """The repository, the launching folder (where a `module:function` plug-in may live) and the
+    caller's PYTHONPATH, all absolute: the instances run in the repository folder."""
+    entries = [str(REPO), os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries))
+
+
 class LocalProvider(Provider):
     name = "local"
 
@@ -98,7 +105,7 @@ class LocalProvider(Provider):
             relative_speed = relative_speed or default_speed
         self.types = {t.name: t for t in types}
         self.relative_speed = relative_speed or {t.name: 1.0 for t in types}
-        self.artifacts_dir = Path(artifacts_dir)
+        self.artifacts_dir = Path(artifacts_dir).resolve()  # the instances run in the repository folder
         self.bandwidth_scale = bandwidth_scale
         self.reference_compute_s = reference_compute_s
         self.terminate_grace_s = terminate_grace_s
@@ -207,7 +214,7 @@ class LocalProvider(Provider):
         itype = self.types[instance_type]
         env = {
             **os.environ, **startup.env,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": child_pythonpath(),
             "SPOTFILL_INSTANCE_ID": instance_id,
             "SPOTFILL_INSTANCE_TYPE": instance_type,
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tasks.cli_args import counts, positive_float, positive_int
+from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-compute-s", type=positive_float, default=None,
                    help="emulated compute time per iteration of a relative-speed-1 type")
     p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
+    p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
+                   help=f"how the PS applies a stale gradient (default: {DEFAULT_RULE}; docs/runtime.md)")
     p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
     p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
     p.add_argument("--notice-s", type=positive_float, default=5.0, help="revocation notice period")
@@ -52,7 +55,8 @@ def _train(args: argparse.Namespace) -> int:
     started_s = time.monotonic()
     run = driver.start_run(provider, run_id, args.workload, workload_options=parse_options(args.workload_opt),
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,
-                           max_updates=args.max_updates, target_loss=args.target_loss)
+                           max_updates=args.max_updates, target_loss=args.target_loss,
+                           async_rule=args.async_rule)
     try:
         for instance_type, n in args.workers.items():
             driver.add_workers(run, instance_type, n, args.batch_size)

@@ -23,7 +23,7 @@ from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime.cuts import shard_dir
 from tasks.runtime.ps import READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
-from tasks.runtime.workloads import build_workload
+from tasks.runtime.workloads import check_workload
 
 
 @dataclass
@@ -59,12 +59,13 @@ def _option_args(options: dict) -> list[str]:
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
                max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
-               num_ps: int = 1) -> Startup:
+               num_ps: int = 1, async_rule: str | None = None) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
-                        ("--max-updates", max_updates), ("--target-loss", target_loss)):
+                        ("--max-updates", max_updates), ("--target-loss", target_loss),
+                        ("--async-rule", async_rule)):
         if value is not None:
             argv += [flag, str(value)]
     return Startup(tuple(argv))
@@ -75,18 +76,19 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
               target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
-              num_ps: int = 1, ports: list[int] | None = None) -> TrainingRun:
+              num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None) -> TrainingRun:
     """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
     parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
     are idempotent per plan id) and the old ports, so the workers find them again."""
     workload_options = workload_options or {}
-    build_workload(workload, workload_options)  # a bad name fails here, before anything starts
+    check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
     if num_ps <= 0:
         raise UserInputError(f"num_ps must be positive, got {num_ps}")
-    run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id)
+    # absolute: the PS runs in another working directory (the local provider's is the repository)
+    run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
@@ -96,7 +98,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         (shard_dir(run_dir, shard) / READY_FILE).unlink(missing_ok=True)
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
-                             max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps)
+                             max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
+                             async_rule=async_rule)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
         instances += provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup).instances
     deadline_s = time.monotonic() + ready_timeout_s
@@ -111,7 +114,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss, num_ps=num_ps)
+                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
                        ps_instances=instances)

@@ -3,11 +3,10 @@ as it arrives (asynchronous SGD), and tracks per-worker staleness.
 
 One thread per connected worker (wire.Link); updates are applied under one lock, so each one is
 applied exactly once and counted once. A worker's learning rate follows its batch size
-(Workload.lr_for_batch) and is damped by the update's staleness s: lr / (1 + s) ** staleness_lr_power
-(staleness-aware ASGD). With the default power 0.5 an n-worker cluster (s about n - 1) needs about
-sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
-assumes (docs/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
-loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md).
+(Workload.lr_for_batch); the asynchronous update rule (tasks/runtime/async_rule.py, `async_rule`)
+then sets the step for the update's staleness s: by default it lowers the optimizer's momentum by
+the momentum asynchrony itself adds; `sqrt` and `inverse` damp the learning rate instead,
+lr / (1 + s) ** staleness_lr_power (docs/runtime.md).
 The emulated network (shaping.Shaper) is applied here, where all traffic meets.
 
 The parameters live in one flat vector (flat.py) and the optimizer steps that vector as one
@@ -42,6 +41,7 @@ import torch
 from tasks.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
+from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
@@ -64,7 +64,8 @@ class PsConfig:
     max_updates: int | None = None
     target_loss: float | None = None
     loss_smoothing: float = 0.1
-    staleness_lr_power: float = 0.5  # lr / (1 + staleness) ** this; 0: no damping
+    async_rule: str = DEFAULT_RULE  # how a stale gradient is applied (tasks/runtime/async_rule.py)
+    staleness_lr_power: float | None = None  # lr / (1 + staleness) ** this; None: the rule's own; 0: no damping
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
@@ -88,6 +89,10 @@ class ParameterServer:
         # one flat tensor: every optimizer step is one fused pass, not a loop over tensors
         self.optimizer = fused(self.workload.make_optimizer([self.params]))
         self.flat_size = self.hi - self.lo
+        try:
+            self.rule = make_rule(config.async_rule, self.optimizer, config.staleness_lr_power)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
         self.lock = threading.Lock()
         self.version = 0
         self.updates_total = 0
@@ -215,7 +220,7 @@ class ParameterServer:
             if self.stopping:
                 return False
             staleness = self.version - int(base_version)
-            lr = self.workload.lr_for_batch(batch_size) / (1 + staleness) ** self.config.staleness_lr_power
+            lr = self.rule.prepare(self.workload.lr_for_batch(batch_size), staleness)
             start_s = time.perf_counter()
             self.optimizer_step(push[:self.param_numel], lr)
             self.state[self.param_numel:].copy_(push[self.param_numel:])
@@ -431,8 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-updates", type=positive_int, default=None)
     p.add_argument("--target-loss", type=positive_float, default=None)
     p.add_argument("--stop-grace-s", type=positive_float, default=10.0)
-    p.add_argument("--staleness-lr-power", type=nonnegative_float, default=PsConfig.staleness_lr_power,
-                   help="damp each update's learning rate by (1 + staleness) ** this (0: no damping)")
+    p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
+                   help="how a stale gradient is applied (tasks/runtime/async_rule.py)")
+    p.add_argument("--staleness-lr-power", type=nonnegative_float, default=None,
+                   help="damp each update's learning rate by (1 + staleness) ** this (default: the rule's; 0: none)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
@@ -449,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid, staleness_lr_power=args.staleness_lr_power,
+            watch_pid=args.watch_pid, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)

@@ -10,11 +10,16 @@ so the loss falls the way real training does, gradually and with noise:
   ln(vocab) towards the chain's entropy rate.
 
 A plug-in is `package.module:function`; the function takes the workload options as keyword
-arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`).
+arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`, which gets the
+Workload defaults). `check_workload` refuses a bad one with one line before anything starts.
+The user's guide is docs/plugins.md.
 """
 from __future__ import annotations
 
 import importlib
+import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 
 from tasks.errors import UserInputError
 
+OPTIMIZERS = ("sgd", "adam")
 Batch = tuple[torch.Tensor, torch.Tensor]
 BatchSource = Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless batches
 
@@ -40,7 +46,7 @@ class Workload:
     model: nn.Module
     batches: BatchSource
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    optimizer: str = "sgd"  # "sgd" (momentum 0.9) or "adam"
+    optimizer: str = "sgd"  # one of OPTIMIZERS: "sgd" (momentum 0.9, weight decay 1e-4) or "adam"
     base_lr: float = 0.05
     base_batch: int = 128
 
@@ -235,15 +241,19 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
 
 def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
     """The function that builds a built-in or `module:function` workload; a bad name is a
-    UserInputError naming what is known."""
+    UserInputError naming what is known. Like `python -m`, the current folder is searched for the
+    plug-in's module (the launched processes get it on their PYTHONPATH too)."""
     if spec in BUILTIN:
         return BUILTIN[spec]
     elif ":" in spec:
         module_name, _, function_name = spec.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise UserInputError(f"workload plug-in {spec!r}: cannot import {module_name!r} ({err})") from None
+        except Exception as err:  # ImportError, or the module's own code failing on import
+            raise UserInputError(f"workload plug-in {spec!r}: cannot import {module_name!r} "
+                                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
         builder = getattr(module, function_name, None)
         if not callable(builder):
             raise UserInputError(f"workload plug-in {spec!r}: {module_name} has no function {function_name!r}")
@@ -252,16 +262,71 @@ def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
 
 
 def build_workload(spec: str, options: dict | None = None) -> Workload:
-    """A built-in name or a `module:function` plug-in, built with keyword options."""
+    """A built-in name or a `module:function` plug-in, built with keyword options; what a plug-in
+    returns is checked for shape (a Workload, or the tuple (model, batches, loss_fn))."""
     options = options or {}
     builder = resolve_builder(spec)
     try:
         built = builder(**options)
     except TypeError as err:
         raise UserInputError(f"workload {spec!r} rejects options {options}: {err}") from None
+    except UserInputError:
+        raise
+    except Exception as err:
+        raise UserInputError(f"workload plug-in {spec!r} failed while building: {type(err).__name__}: {err}") from None
     if isinstance(built, tuple):
+        if len(built) != 3:
+            raise UserInputError(f"workload plug-in {spec!r} returned a tuple of {len(built)} items; "
+                                 "expected (model, batches, loss_fn) or a Workload")
         model, batches, loss_fn = built
         built = Workload(name=spec, model=model, batches=batches, loss_fn=loss_fn)
     if not isinstance(built, Workload):
-        raise UserInputError(f"workload plug-in {spec!r} returned {type(built).__name__}, not a Workload")
+        raise UserInputError(f"workload plug-in {spec!r} returned {type(built).__name__}; "
+                             "expected (model, batches, loss_fn) or a Workload")
+    if not isinstance(built.model, nn.Module):
+        raise UserInputError(f"workload {spec!r}: the model is a {type(built.model).__name__}, not a torch.nn.Module")
+    if not any(p.requires_grad for p in built.model.parameters()):
+        raise UserInputError(f"workload {spec!r}: the model has no trainable parameters")
+    for what, value in (("batches", built.batches), ("loss_fn", built.loss_fn)):
+        if not callable(value):
+            raise UserInputError(f"workload {spec!r}: {what} is a {type(value).__name__}, not callable")
+    if built.optimizer not in OPTIMIZERS:
+        raise UserInputError(f"workload {spec!r}: optimizer {built.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    if not (built.base_lr > 0 and built.base_batch > 0):
+        raise UserInputError(f"workload {spec!r}: base_lr and base_batch must be positive "
+                             f"(got {built.base_lr}, {built.base_batch})")
     return built
+
+
+def check_workload(spec: str, options: dict | None = None, batch_size: int = 2) -> Workload:
+    """Build the workload and train it one step on a copy of the model, in this process, before
+    any parameter server or worker starts: a batch source that yields no (inputs, targets) pair,
+    a loss that is not a finite scalar, or a loss that does not reach the parameters is one
+    UserInputError naming the cause."""
+    import copy
+
+    workload = build_workload(spec, options)
+    model = copy.deepcopy(workload.model)
+    where = f"workload {spec!r}"
+    try:
+        batch = next(iter(workload.batches(batch_size, 0)))
+    except Exception as err:
+        raise UserInputError(f"{where}: batches(batch_size, seed) failed: {type(err).__name__}: {err}") from None
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise UserInputError(f"{where}: batches(batch_size, seed) must yield (inputs, targets) tensor pairs, "
+                             f"got {type(batch).__name__}")
+    inputs, targets = batch
+    try:
+        loss = workload.loss_fn(model(inputs), targets)
+    except Exception as err:
+        raise UserInputError(f"{where}: loss_fn(model(inputs), targets) failed: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}") from None
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+        raise UserInputError(f"{where}: loss_fn must return a scalar float tensor, got "
+                             f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+    if not math.isfinite(loss.item()):
+        raise UserInputError(f"{where}: the loss of the first batch is {loss.item()} (not finite)")
+    if not loss.requires_grad:
+        raise UserInputError(f"{where}: the loss does not depend on the model's parameters (no gradient)")
+    return workload

@@ -1,0 +1,56 @@
+"""Plug-ins that go wrong the ways a user's can: each must be refused with one line before anything
+starts (tests/test_plugins.py)."""
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from tests.plugins.regression import build as regression
+
+
+def not_a_tuple():
+    return 42
+
+
+def two_items():
+    model, batches, _ = regression()
+    return model, batches
+
+
+def not_a_model():
+    _, batches, loss_fn = regression()
+    return "model", batches, loss_fn
+
+
+def not_a_batch_source():
+    model, _, loss_fn = regression()
+    return model, [1, 2, 3], loss_fn
+
+
+def yields_bare_tensors():
+    model, _, loss_fn = regression()
+
+    def batches(batch_size, seed):
+        while True:
+            yield torch.zeros(batch_size, 16)
+
+    return model, batches, loss_fn
+
+
+def nan_loss():
+    model, batches, _ = regression()
+    return model, batches, lambda out, target: F.mse_loss(out, target) * float("nan")
+
+
+def shape_mismatch():
+    _, batches, loss_fn = regression()
+    return nn.Linear(8, 1), batches, loss_fn
+
+
+def raises():
+    raise RuntimeError("dataset not found at /data/x")
+
+
+def never_learns():
+    """Passes every check, but its loss is the same whatever the parameters: no loss band."""
+    model, batches, _ = regression()
+    return model, batches, lambda out, target: (0.0 * out).sum() + 1.0
