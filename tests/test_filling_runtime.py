@@ -125,9 +125,14 @@ def test_paused_filler_starts_nothing_and_sheds_its_queue(one_training_thread):
     _train_with(filler, steps=8)  # pause() held through training; close() at the end
     m = filler.metrics()
     assert m["chunks"] == 0 and m["bubbles"] == 8
+    filler.pause()  # the lanes are closed now: flush what one queued while the first pause took effect
+    shed_before = filler.metrics()["online_shed_paused"]
     filler.scheduler.queue.offer(0.0)
     filler.pause()
-    assert filler.metrics()["online_shed_paused"] == 1
+    assert filler.metrics()["online_shed_paused"] == shed_before + 1
+    filler.scheduler.queue.offer(0.0)
+    filler.resume()  # a request left queued from the pause is shed on resume too
+    assert filler.metrics()["online_shed_paused"] == shed_before + 2
 
 
 def test_bench_pools_blocks_and_compares_rounds_against_training_alone():

@@ -273,6 +273,17 @@ def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the
     assert gate.start("online", lambda a: "online") == "online"
 
 
+def test_while_the_guard_calibrates_the_reserve_waits_so_that_clean_phases_come():
+    clock, monitor, guard, gate = reserve_gate()
+    monitor.compute_start(3)
+    clock.now += 0.5
+    guard.calibrating = True
+    assert gate.online_allowance_s() == 0.0  # training computes: the saved reserve is not spent
+    assert gate.start("online", fits(0.001)) is None
+    guard.calibrating = False
+    assert gate.online_allowance_s() == pytest.approx(0.01)  # it kept refilling meanwhile
+
+
 def test_a_shrunk_budget_slows_the_reserve_refill_but_keeps_its_capacity():
     clock, monitor, guard, gate = reserve_gate(budget=0.05)
     monitor.compute_start(3)

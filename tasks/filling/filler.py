@@ -145,7 +145,9 @@ class Filler:
         self.scheduler.shed_queued()
 
     def resume(self) -> None:
-        """Start again; the online arrival process restarts now."""
+        """Start again; the online arrival process restarts now. A request a lane queued while
+        the pause took effect is shed too (its latency would include the pause)."""
+        self.scheduler.shed_queued()
         if self.scheduler.arrivals is not None:
             self.scheduler.arrivals.begin(self.monitor.clock())
         self._running.set()

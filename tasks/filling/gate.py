@@ -17,8 +17,10 @@ up: the guard's budget slows the refill, it does not shrink what the bucket hold
 and is charged, when a chunk ends, with the part of it that ran outside bubbles. A request that
 arrives while training computes is then served at once instead of waiting for the next bubble; the
 reserve bounds what that can take from training, and the guard's budget shrinks it when training
-slows. Online requests are served while the guard re-measures its baseline too: it leaves out the
-compute phases that a chunk overlapped.
+slows. Online requests are served while the guard re-measures its baseline too, but only inside
+bubbles: the reserve waits until the baseline is back, so that clean compute phases come (when
+requests arrive faster than compute phases end, reserve chunks touched every phase, the guard never
+finished calibrating and no offline chunk ever started).
 
 Training never waits on inference: the training thread only flips the monitor's state (a lock held
 for microseconds); lanes do all the waiting.
@@ -83,7 +85,8 @@ class Gate:
         self.reserve_s = min(self.online_reserve * RESERVE_SAVED_S,
                              self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
-        return max(self._bubble_allowance_s(1.0), self.reserve_s)
+        reserve_s = 0.0 if self.guard.calibrating else self.reserve_s
+        return max(self._bubble_allowance_s(1.0), reserve_s)
 
     def start(self, lane, pick):
         # Under the monitor's lock: the bubble cannot close between the check and the pick, so
