@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks.cli_args import positive_int
+from tasks import cli_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,9 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(v)
     v.add_argument("--profile", type=Path, default=None,
                    help="profile to validate (default: the preset's cached profile, profiled first if missing)")
-    v.add_argument("--loss", type=float, default=None, help="loss target (default: the preset's)")
-    v.add_argument("--parallel", type=int, default=None, help="validation runs at once (default: the preset's)")
-    v.add_argument("--repeats", type=positive_int, default=None,
+    v.add_argument("--loss", type=cli_args.positive_float, default=None, help="loss target (default: the preset's)")
+    v.add_argument("--parallel", type=cli_args.positive_count, default=None, help="validation runs at once (default: the preset's)")
+    v.add_argument("--repeats", type=cli_args.positive_count, default=None,
                    help="runs per configuration, observed = their mean (default: the preset's)")
     v.set_defaults(handler=_runtime_errors_in_one_line(_validate))
 
@@ -41,13 +41,13 @@ def _runtime_errors_in_one_line(handler):
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the quick preset (a few minutes on 2 cores)")
-    p.add_argument("--profiles-dir", type=Path, default=Path("profiles"))
-    p.add_argument("--artifacts-dir", type=Path, default=Path("artifacts"))
+    p.add_argument("--profiles-dir", type=cli_args.output_dir, default=Path("profiles"))
+    p.add_argument("--artifacts-dir", type=cli_args.output_dir, default=Path("artifacts"))
     p.add_argument("--workload", default=None, help="a built-in workload or module:function (default: the preset's)")
     p.add_argument("--workload-opt", action="append", default=None, metavar="KEY=VALUE",
                    help="workload option (repeatable; replaces the preset's options)")
-    p.add_argument("--iterations", type=int, default=None, help="single-type profiling iterations (default: 30)")
-    p.add_argument("--cluster-duration", type=float, default=None, help="seconds each profiling cluster trains")
+    p.add_argument("--iterations", type=cli_args.positive_count, default=None, help="single-type profiling iterations (default: 30)")
+    p.add_argument("--cluster-duration", type=cli_args.duration_s, default=None, help="seconds each profiling cluster trains")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -55,7 +55,7 @@ def _setup(args):
     import dataclasses
 
     from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import build_workload, parse_options
+    from tasks.runtime.workloads import parse_options
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -68,7 +68,7 @@ def _setup(args):
     if args.cluster_duration is not None:
         changes["cluster_duration_s"] = args.cluster_duration
     preset = dataclasses.replace(preset, **changes)
-    build_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
+    cli_args.check_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation
 
