@@ -240,6 +240,22 @@ def region(text: str) -> str:
 DEFAULT_MAX_PARAMS = 2_000_000_000
 
 
+def runtime_errors_in_one_line(handler):
+    """A run that fails once started (a process died, a timeout) is one line on stderr and exit
+    status 1: the input was fine, the run was not."""
+
+    def run(args) -> int:
+        import sys
+
+        try:
+            return handler(args)
+        except (RuntimeError, TimeoutError) as err:
+            sys.stderr.write(f"spotfill: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
+            return 1
+
+    return run
+
+
 def check_workload(spec: str, options: dict) -> None:
     """Build the workload once, on torch's meta device (no memory), so that a bad name, a bad or
     non-finite option, or a model too large fails here, before any process starts."""

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
     p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=cli_args.runtime_errors_in_one_line(run))
 
 
 def demo_request(artifacts_dir: str = "artifacts"):

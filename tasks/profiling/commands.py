@@ -5,13 +5,14 @@ import argparse
 from pathlib import Path
 
 from tasks import cli_args
+from tasks.cli_args import runtime_errors_in_one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure a workload's model parameters on the local provider and fit them")
     _common(p)
     p.add_argument("--force", action="store_true", help="profile again even if a cached profile matches")
-    p.set_defaults(handler=_runtime_errors_in_one_line(_profile))
+    p.set_defaults(handler=runtime_errors_in_one_line(_profile))
 
     v = sub.add_parser("validate", help="train held-out clusters to a loss target and compare with the prediction")
     _common(v)
@@ -21,22 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--parallel", type=cli_args.positive_count, default=None, help="validation runs at once (default: the preset's)")
     v.add_argument("--repeats", type=cli_args.positive_count, default=None,
                    help="runs per configuration, observed = their mean (default: the preset's)")
-    v.set_defaults(handler=_runtime_errors_in_one_line(_validate))
-
-
-def _runtime_errors_in_one_line(handler):
-    """A run that fails (a process died, a timeout) is one line on stderr and exit status 1."""
-
-    def run(args) -> int:
-        import sys
-
-        try:
-            return handler(args)
-        except (RuntimeError, TimeoutError) as err:
-            sys.stderr.write(f"spotfill: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-            return 1
-
-    return run
+    v.set_defaults(handler=runtime_errors_in_one_line(_validate))
 
 
 def _common(p: argparse.ArgumentParser) -> None:

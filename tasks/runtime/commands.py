@@ -31,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
     p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
     p.add_argument("--notice-s", type=duration_s, default=5.0, help="revocation notice period")
+    p.add_argument("--artifacts", type=cli_args.output_dir, default=None,
+                   help="run folders go here (default: the repository's artifacts/)")
     p.add_argument("--run-id", type=cli_args.identifier, default=None, help="default: train-<time>")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(handler=_train)
+    p.set_defaults(handler=cli_args.runtime_errors_in_one_line(_train))
 
 
 def max_local_workers() -> int:
@@ -48,7 +50,7 @@ def _train(args: argparse.Namespace) -> int:
     from tasks.errors import UserInputError
     from tasks.progress import ProgressBar
     from tasks.providers.local import LocalProvider
-    from tasks.runtime import driver
+    from tasks.runtime import checkpoint, driver
     from tasks.runtime.workloads import parse_options
 
     # Every input is checked before the first process starts.
@@ -59,7 +61,8 @@ def _train(args: argparse.Namespace) -> int:
     if n_workers > limit:
         raise UserInputError(f"--workers starts {n_workers} local worker processes, above the limit of {limit} "
                              "(set SPOTFILL_MAX_LOCAL_WORKERS to raise it)")
-    provider = LocalProvider(bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
+    provider = LocalProvider(**({"artifacts_dir": args.artifacts} if args.artifacts else {}),
+                             bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
     unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
     if unknown:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
@@ -70,6 +73,9 @@ def _train(args: argparse.Namespace) -> int:
 
         load_trace(args.trace)
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
+    # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
+    # not a PS that dies at start-up (nor a silent fresh start).
+    checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
     started_s = time.monotonic()
     run = driver.start_run(provider, run_id, args.workload, workload_options=options,
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s,
