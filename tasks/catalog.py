@@ -42,12 +42,14 @@ def _price(value) -> float | None:
 def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
     """{type: {region-ish AZ prefix: {current, mean, min, max, samples}}} for Linux/UNIX rows."""
     by_type_az: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
-    with tsv_path.open() as f:
-        for row in csv.reader(f, delimiter="\t"):
-            if len(row) != 5 or row[2] != "Linux/UNIX":
-                continue
-            az_id, itype, _, price, ts = row
-            by_type_az[(itype, az_id)].append((ts, float(price)))
+    text = tsv_path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        raise UserInputError(f"{tsv_path} is truncated (its last line has no end)")
+    for row in csv.reader(text.splitlines(), delimiter="\t"):
+        if len(row) != 5 or row[2] != "Linux/UNIX":
+            continue
+        az_id, itype, _, price, ts = row
+        by_type_az[(itype, az_id)].append((ts, float(price)))
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (itype, az_id), rows in sorted(by_type_az.items()):
         rows.sort()
@@ -117,13 +119,9 @@ def _build_catalog(sources: Path) -> dict:
 
 
 def load_catalog(path: Path = CATALOG) -> dict:
-    try:
-        catalog = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserInputError(f"instance catalog not found: {path} (run `spotfill catalog build`)") from None
-    except ValueError as err:
-        raise UserInputError(f"instance catalog {path} is not valid JSON ({str(err)[:80]}): "
-                             "run `spotfill catalog build`") from None
+    from tasks.inputs import read_json
+
+    catalog = read_json(path, "instance catalog")
     if not isinstance(catalog, dict) or not isinstance(catalog.get("types"), list):
         raise UserInputError(f"instance catalog {path} has no list of types: run `spotfill catalog build`")
     return catalog

@@ -7,7 +7,6 @@ themselves, at the end, on failure and on cancellation).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from tasks import cli_args, run_registry
@@ -32,12 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _aws_config(args: argparse.Namespace) -> dict:
     from tasks.errors import UserInputError
 
+    from tasks.inputs import read_json
+
     data: dict = {}
     if args.config is not None:
-        try:
-            data = json.loads(args.config.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserInputError(f"cannot read AWS config {args.config}: {err}") from None
+        data = read_json(args.config, "AWS config")
+        if not isinstance(data, dict):
+            raise UserInputError(f"AWS config {args.config} is not a JSON object")
     if args.region:
         data["region"] = args.region
     if args.endpoint_url:

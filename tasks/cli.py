@@ -15,7 +15,6 @@ import signal
 import sys
 import warnings
 
-from tasks.errors import UserInputError
 
 # Each module defines `register(subparsers)`, adding one subcommand whose handler is set with
 # `set_defaults(handler=...)`; a handler returns the process exit status.

@@ -1,5 +1,6 @@
 """`spotfill run`: the main job, the train-with-slo flow, on the embedded `local` provider by
-default (Prefect runs it in an ephemeral server unless PREFECT_API_URL points at a real one)."""
+default, in a temporary Prefect server this command starts and stops (tasks/prefect_server.py)
+unless PREFECT_API_URL points at a real one."""
 from __future__ import annotations
 
 import argparse
@@ -137,9 +138,20 @@ def prefect_defaults() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from tasks.prefect_server import temporary_server
+
     request = build_request(args)
     check_request(request)
     prefect_defaults()
+    startup_timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
+        return _run_flow(request, args)
+
+
+def _run_flow(request, args: argparse.Namespace) -> int:
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline import stages
     from tasks.progress import ProgressBar
