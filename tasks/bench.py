@@ -10,18 +10,21 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from tasks.cli_args import positive_floats
+from tasks.cli_args import positive_float, positive_floats
 from tasks.errors import UserInputError
 
 BENCHES = {
     "aws": "tasks.providers.aws_bench",
     "filling": "tasks.filling.bench",
+    "gpu": "tasks.filling.gpu_check",
     "planner": "tasks.planner.bench",
     "market": "tasks.market.bench",
     "runtime": "tasks.runtime.bench",
 }
 # option dest -> (flag, the benchmark that takes it, run_bench's keyword)
-BENCH_OPTIONS = {"online_rate": ("--online-rate", "filling", "online_rates")}
+BENCH_OPTIONS = {"online_rate": ("--online-rate", "filling", "online_rates"),
+                 "instance_type": ("--instance-type", "filling", "instance_type"),
+                 "bubble_scale": ("--bubble-scale", "filling", "bubble_scale")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--online-rate", type=positive_floats, metavar="R[,R...]",
                    help="filling only: online arrivals per second (default 20); a comma-separated "
                         "list runs one bench per rate, one after another")
+    p.add_argument("--instance-type", metavar="TYPE",
+                   help="filling only: the bubble is this type's push + pull time in the profile "
+                        "(default p3.2xlarge)")
+    p.add_argument("--bubble-scale", type=positive_float, metavar="X",
+                   help="filling only: multiply the bubble by X (default 1)")
     p.set_defaults(handler=_run)
 
 

@@ -1,4 +1,4 @@
-"""The `spotfill` command line.
+"""The `spotfill` command line (docs/cli.md).
 
 Start-up stays light: each subcommand lives in its own module and imports torch, Prefect or boto3
 only inside its handler. Bad input is one line on stderr and exit status 2, never a traceback:

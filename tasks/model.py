@@ -1,9 +1,10 @@
-"""The spotDNN analytical performance model (shared/design/model.md), vectorised.
+"""The spotDNN analytical performance model (docs/model.md), vectorised.
 
 `evaluate` takes many candidate clusters at once (a K x M matrix of instance counts over the
 profile's M types) and returns their predicted iteration time, WA batch size, convergence
 coefficient, iterations and training time and cost, so that solvers can score thousands of
-clusters per numpy call.
+clusters per numpy call. The paper's form is the default; a profile may select the extensions
+of docs/model.md (`loss.kappa`, `contention.by = "load"`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks.profile import Profile
+
+
+def contended_bandwidth_mbps(load, alpha1: float, beta1: float, breq_mbps: float, bps_mbps: float) -> np.ndarray:
+    """Bwk of Eq. 8 with P of Eq. 9, for a PS loaded as `load` workers load it."""
+    load = np.asarray(load, dtype=float)
+    share = np.clip(alpha1 * np.sqrt(load) + beta1, 0.0, 1.0)
+    contended = share * bps_mbps / np.maximum(load, 1.0) + (1.0 - share) * breq_mbps
+    return np.where(load * breq_mbps <= bps_mbps, breq_mbps, contended)
+
+
+def cluster_spread(cc, n, gamma4: float | None, kappa: float | None):
+    """Eq. 3's cluster term ((R + gamma4) * n) ** kappa (gamma4 null: n ** kappa); kappa null is
+    the paper's square root, computed as np.sqrt so that paper-form profiles predict bit for bit
+    as before the extension."""
+    base = np.asarray(n, dtype=float) if gamma4 is None else np.clip(np.asarray(cc, dtype=float) + gamma4, 0.0, None) * n
+    return np.sqrt(base) if kappa is None else base ** kappa
 
 
 @dataclass(frozen=True)
@@ -62,23 +79,42 @@ class Model:
     def prices_usd_per_h(self) -> np.ndarray:
         return self.types.on_demand_usd_per_h if self.on_demand else self.types.spot_usd_per_h
 
-    def worker_bandwidth_mbps(self, n: np.ndarray) -> np.ndarray:
-        """Bwk for clusters of n workers (Eq. 8, 9)."""
+    def worker_bandwidth_mbps(self, load: np.ndarray) -> np.ndarray:
+        """Bwk for clusters loading the PS as `load` workers do (Eq. 8, 9; see ps_load)."""
         p = self.profile
         keep = 1.0 - self.bandwidth_margin
-        breq = p.required_bandwidth_mbps * keep
-        bps = p.ps_bandwidth_mbps * p.num_ps * keep
-        n = np.asarray(n, dtype=float)
-        share = np.clip(p.contention.alpha1 * np.sqrt(n) + p.contention.beta1, 0.0, 1.0)
-        contended = share * bps / np.maximum(n, 1.0) + (1.0 - share) * breq
-        return np.where(n * breq <= bps, breq, contended)
+        return contended_bandwidth_mbps(load, p.contention.alpha1, p.contention.beta1,
+                                        p.required_bandwidth_mbps * keep, p.ps_bandwidth_mbps * p.num_ps * keep)
 
-    def iteration_times_s(self, n: np.ndarray) -> np.ndarray:
-        """T_i of one instance of each type in a cluster of n workers (Eq. 6, 7): shape (..., M)."""
+    def iteration_times_s(self, load: np.ndarray) -> np.ndarray:
+        """T_i of one instance of each type in a cluster loading the PS as `load` workers do
+        (Eq. 6, 7): shape (..., M). With contention by workers the load is the cluster size."""
         p = self.profile
-        bwk = self.worker_bandwidth_mbps(n)[..., None]
+        bwk = self.worker_bandwidth_mbps(load)[..., None]
         pcie_s = 2.0 * self.types.gpus * p.param_mb / p.pcie_bandwidth_mbps
         return self.types.compute_s + 2.0 * p.param_mb / bwk + pcie_s
+
+    @property
+    def alone_times_s(self) -> np.ndarray:
+        """Each type's iteration time alone (one worker): the M-vector T_alone."""
+        return self.iteration_times_s(np.array(1.0))
+
+    def ps_load(self, counts: np.ndarray) -> np.ndarray:
+        """The PS load of K clusters (K x M counts) in workers: n for contention by workers (the
+        paper); for contention by load n_eff = sum_i T_fast / T_i_alone, T_fast the smallest
+        T_alone in the cluster (docs/model.md, Extensions), which is n for one type."""
+        counts = np.atleast_2d(np.asarray(counts, dtype=float))
+        n = counts.sum(axis=1)
+        if self.profile.contention.by != "load":
+            return n
+        alone = self.alone_times_s
+        with np.errstate(invalid="ignore"):  # empty clusters: 0 * inf, replaced below
+            load = (counts / alone).sum(axis=1) * np.where(counts > 0, alone, np.inf).min(axis=1)
+        return np.where(n > 0, load, 0.0)
+
+    def cluster_iteration_times_s(self, counts: np.ndarray) -> np.ndarray:
+        """T_i of each type in each of K clusters (K x M counts): K x M."""
+        return self.iteration_times_s(self.ps_load(counts))
 
     def evaluate(self, counts: np.ndarray, loss_target: float, current_loss: float | None = None) -> dict[str, np.ndarray]:
         """Score K clusters given as a K x M matrix of counts (or one M-vector).
@@ -89,7 +125,7 @@ class Model:
         """
         counts = np.atleast_2d(np.asarray(counts, dtype=float))
         n = counts.sum(axis=1)
-        t_i = self.iteration_times_s(n)  # K x M
+        t_i = self.cluster_iteration_times_s(counts)  # K x M
         rate = counts / t_i  # iterations per second contributed by each type
         x = rate.sum(axis=1)
         speed_each = self.types.batch / t_i  # samples/s of ONE instance of each type
@@ -125,7 +161,7 @@ class Model:
         curve's numerator is not positive (the fitted curve does not descend there)."""
         g = self.profile.loss
         bw, cc, n = (np.asarray(a, dtype=float) for a in (bw, cc, n))
-        spread = np.sqrt(n) if g.gamma4 is None else np.sqrt(np.clip(cc + g.gamma4, 0.0, None) * n)
+        spread = cluster_spread(cc, n, g.gamma4, g.kappa)
         numerator = (g.gamma2 * bw + g.gamma3) * spread
         if current_loss is None:
             j = numerator / (loss_target - g.gamma5) - g.gamma1

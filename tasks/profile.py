@@ -1,4 +1,4 @@
-"""The workload profile (shared/contracts/profile.md): load, validate, and look up instance types.
+"""The workload profile (docs/formats.md): load, validate, and look up instance types.
 
 Validation names the offending field in one line, because the planner's answers are only as good
 as the numbers it reads.
@@ -6,7 +6,7 @@ as the numbers it reads.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -20,6 +20,9 @@ class Contention(BaseModel):
     model_config = _CONFIG
     alpha1: float
     beta1: float
+    # What loads the PS in Eq. 8-9: the worker count (the paper; null means it) or "load", the
+    # effective count sum_i T_fast / T_i_alone (docs/model.md, Extensions).
+    by: Literal["workers", "load"] | None = None
 
 
 class LossCurve(BaseModel):
@@ -29,12 +32,22 @@ class LossCurve(BaseModel):
     gamma3: float
     gamma4: float | None = Field(gt=0)  # null selects the prototype's form without R
     gamma5: float
+    kappa: float | None = Field(default=None, ge=0.25, le=1.0)  # exponent of (R + gamma4) * n; null: 0.5
 
     def require_reachable(self, loss_target: float) -> None:
-        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (model.md)."""
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""
         if loss_target <= self.gamma5:
             raise UserInputError(
                 f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")
+
+
+class Uncertainty(BaseModel):
+    """The spread of the model's relative time error, measured on clusters the fit did not see:
+    the standard deviation of log(observed / predicted) time."""
+
+    model_config = _CONFIG
+    time_log_sd: float = Field(ge=0)
+    method: str = "leave-one-cluster-out"
 
 
 class InstanceProfile(BaseModel):
@@ -61,6 +74,7 @@ class Profile(BaseModel):
     contention: Contention
     loss: LossCurve
     instances: list[InstanceProfile] = Field(min_length=1)
+    uncertainty: Uncertainty | None = None
 
     @field_validator("instances")
     @classmethod

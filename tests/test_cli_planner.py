@@ -1,7 +1,9 @@
-"""The CLI contract (shared/contracts/cli.md), run as a real subprocess."""
+"""The CLI contract (docs/cli.md), run as a real subprocess."""
 import json
+import math
 import subprocess
 import sys
+from statistics import NormalDist
 
 import pytest
 
@@ -57,6 +59,10 @@ def test_plan_out_file_is_written(tmp_path):
         (["plan", PROFILE, "--loss", "abc", "--deadline", "3000"], "not a number"),
         (["predict", PROFILE, "--cluster", "p3.2xlarge=0", "--loss", "0.8"], "names no instance"),
         (["plan", PROFILE, "--deadline", "3000"], "required: --loss"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", "1.5"], "confidence must be in (0, 1)"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", "0"], "confidence must be in (0, 1)"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", "0.9"], "no uncertainty.time_log_sd"),
+        (["predict", PROFILE, "--cluster", "p3.2xlarge=1", "--loss", "0.8", "--level", "1"], "--level must be in (0, 1)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -82,3 +88,42 @@ def test_cli_start_up_imports_neither_torch_nor_prefect():
             "print(sorted(m for m in ('torch', 'prefect', 'boto3') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("kappa", 0.1, "loss.kappa: Input should be greater than or equal to 0.25"),
+    ("kappa", 1.01, "loss.kappa: Input should be less than or equal to 1"),
+    ("by", "nodes", "contention.by: Input should be 'workers' or 'load'"),
+])
+def test_bad_model_form_is_named(tmp_path, field, value, message):
+    data = json.loads(SHIPPED_PROFILE.read_text())
+    data["loss" if field == "kappa" else "contention"][field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    for args in (["plan", str(bad), "--loss", "0.8", "--deadline", "3000"],
+                 ["predict", str(bad), "--cluster", "p3.2xlarge=1", "--loss", "0.8"]):
+        r = spotfill(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_interval_and_plan_at_the_upper_end(tmp_path):
+    """A profile with a measured spread: predict gives [T / f, T * f]; plan --confidence meets the
+    deadline at T * f and says what that costs over the plan for the centre."""
+    data = json.loads(SHIPPED_PROFILE.read_text())
+    data["uncertainty"] = {"time_log_sd": 0.05}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    factor = math.exp(NormalDist().inv_cdf(0.95) * 0.05)
+    out = json.loads(spotfill("predict", str(path), "--cluster", "p3.2xlarge=2", "--loss", "0.8", "--json").stdout)
+    assert out["interval"]["level"] == 0.9
+    assert out["interval"]["time_s"] == pytest.approx([out["predicted_time_s"] / factor, out["predicted_time_s"] * factor])
+    central = json.loads(spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--json").stdout)
+    assert central["predicted_time_s"] * factor > 2600  # the central plan would miss at the upper end
+    r = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--confidence", "0.9", "--json")
+    sure = json.loads(r.stdout)["confidence"]
+    assert sure["upper_time_s"] == pytest.approx(json.loads(r.stdout)["predicted_time_s"] * factor)
+    assert sure["upper_time_s"] <= 2600 and sure["central_cost_usd"] == pytest.approx(central["predicted_cost_usd"])
+    assert sure["extra_cost_usd"] == pytest.approx(json.loads(r.stdout)["predicted_cost_usd"] - central["predicted_cost_usd"])
+    assert sure["extra_cost_usd"] > 0
+    human = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--confidence", "0.9")
+    assert "confidence       90%: upper end" in human.stdout

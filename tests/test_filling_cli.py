@@ -33,7 +33,7 @@ def fake_bench(monkeypatch):
     """Record the rates a bench would run at, instead of running it (seconds, not minutes)."""
     calls = []
 
-    def run_one(quick, online_rate, artifact):
+    def run_one(quick, online_rate, artifact, device, bubble, max_s):
         calls.append((quick, online_rate, artifact))
         return fake_result(online_rate)
 
@@ -48,6 +48,9 @@ def fake_bench(monkeypatch):
     (["bench", "filling", "--online-rate", "2,2"], "2 given twice"),
     (["bench", "filling", "--online-rate", "10,5000"], "at most 1000 requests/s, got 5000"),
     (["bench", "planner", "--online-rate", "5"], "applies only to `bench filling`"),
+    (["bench", "filling", "--instance-type", "z9.huge"], "unknown instance type 'z9.huge'"),
+    (["bench", "filling", "--bubble-scale", "0"], "must be a positive number, got 0"),
+    (["bench", "runtime", "--bubble-scale", "2"], "applies only to `bench filling`"),
 ])
 def test_bad_online_rate_is_one_line_and_exit_2(argv, fragment, capsys, fake_bench):
     assert exit_status(argv) == 2
@@ -121,6 +124,9 @@ def fake_result(rate: float) -> dict:
             "online_p95_over_naive": 0.5, "modes": modes,
             "solo_inference": {"offline_samples_per_s": 1600.0, "online_p50_s": 0.001,
                                "online_p95_s": 0.002, "online_p99_s": 0.003},
-            "settings": {"device": "cpu", "compute_s": 0.02, "comm_s": 0.02, "rounds_run": 12,
-                         "block_steps": 6, "elapsed_s": 40.0, "fill_config": {"slo_s": 0.5}},
+            "settings": {"device": "cpu", "device_name": "cpu", "compute_s": 0.02, "comm_s": 0.02,
+                         "rounds_run": 12, "block_steps": 6, "elapsed_s": 40.0,
+                         "training": "small-cnn", "training_batch": 64, "param_mb": 1.72,
+                         "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
+                         "fill_config": {"slo_s": 0.5, "model": "cnn"}},
             "plot": None}

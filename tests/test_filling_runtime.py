@@ -19,7 +19,7 @@ from tasks.filling.trainloop import TrainingJob
     ("queue_capacity", 0, "queue_capacity"),
     ("tolerance", 0, "tolerance"),
     ("online_rate_per_s", -5, "online_rate_per_s"),
-    ("model", "resnet50", "model"),
+    ("model", "resnet18", "model"),
     ("device", "tpu", "device"),
     ("slo_s", float("nan"), "slo_s"),
     ("bogus", 1, "bogus"),

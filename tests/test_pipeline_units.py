@@ -25,6 +25,7 @@ def test_request_defaults_and_validation():
         ({"provider": {"name": "gcp"}}, "provider.name"),
         ({"profile": "/no/such/profile.json"}, "profile not found"),
         ({"surprise": 1}, "surprise"),
+        ({"confidence": 1.0}, "confidence"),
     ]
     for patch, needle in bad:
         with pytest.raises(ValidationError) as err:
@@ -83,3 +84,18 @@ def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
         [2 * i.compute_time_s for i in profile.instances])
     after = session.solve_or_fastest(session.plan_request(3000))
     assert after.predicted_cost_usd > before.predicted_cost_usd
+
+
+def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.planner import solve
+    from tasks.profile import Uncertainty
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE).model_copy(update={"uncertainty": Uncertainty(time_log_sd=0.05)})
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "confidence": 0.9})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    for plan_request in (session.plan_request(3000), session.plan_request(3000, {"p3.2xlarge": 1}, current_loss=1.5)):
+        assert plan_request.confidence == 0.9
+        result = solve(plan_request)
+        assert result.confidence["level"] == 0.9 and result.confidence["upper_time_s"] <= 3000

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import numpy as np
@@ -16,8 +17,12 @@ from tests.conftest import SHIPPED_PROFILE
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+KAPPAS = st.sampled_from([None, 0.25, 0.5, 0.75, 1.0])
+CONTENTION_BY = st.sampled_from([None, "workers", "load"])
+
+
 @st.composite
-def profiles(draw, max_types=4, max_quota=4):
+def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY):
     m = draw(st.integers(1, max_types))
     instances = []
     for i in range(m):
@@ -33,9 +38,10 @@ def profiles(draw, max_types=4, max_quota=4):
     return profile_from_dict({
         "workload": "w", "param_mb": draw(st.floats(2, 40)), "required_bandwidth_mbps": draw(st.floats(50, 300)),
         "ps_bandwidth_mbps": draw(st.floats(300, 2000)), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
-        "contention": {"alpha1": draw(st.floats(0.0, 1.2)), "beta1": draw(st.floats(-3.0, 0.0))},
+        "contention": {"alpha1": draw(st.floats(-0.3, 1.2)), "beta1": draw(st.floats(-3.0, 0.5)), "by": draw(by)},
         "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
-                 "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5},
+                 "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5,
+                 "kappa": draw(kappa)},
         "instances": instances,
     })
 
@@ -64,6 +70,27 @@ def test_exact_equals_brute_force_and_beats_heuristic(profile, loss, slack):
     if heuristic.counts is not None:
         assert result.predicted_cost_usd <= heuristic.cost * (1 + COST_TIE_REL)
     assert result.predicted_time_s <= deadline * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("by", ["workers", "load"])
+@pytest.mark.parametrize("kappa", [0.25, 0.5, 0.75, 1.0])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
+    """The pruning bounds stay valid for every allowed n-shape and both contention forms
+    (bounds.py), from scratch and when re-planning with survivors and a current loss."""
+    profile = data.draw(profiles(kappa=st.just(kappa), by=st.just(by)))
+    loss = data.draw(st.floats(0.6, 1.5))
+    existing = {i.type: data.draw(st.integers(0, i.quota)) for i in profile.instances}
+    current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))
+    deadline = fastest(profile, loss, existing=existing, current_loss=current) * data.draw(st.floats(1.0, 3.0))
+    problem = build_problem(PlanRequest(profile, loss, deadline, existing=existing, current_loss=current))
+    result = solve_problem(problem)
+    brute = solve_brute_force(problem)[0]
+    assert result.feasible and brute.counts is not None
+    assert same_cost(result.predicted_cost_usd, brute.cost)
+    every = np.array(list(itertools.product(*(range(lo, hi + 1) for lo, hi in zip(problem.lower, problem.upper)))))
+    assert fastest_time_s(problem) == pytest.approx(float(np.nanmin(problem.evaluate(every)["time_s"])), rel=1e-9)
 
 
 @SETTINGS

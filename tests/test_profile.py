@@ -32,6 +32,10 @@ def test_shipped_profile_loads():
         (lambda d: d["instances"].append(dict(d["instances"][0])), "duplicate instance type 'p3.2xlarge'"),
         (lambda d: d.update(instances=[]), "instances: List should have at least 1 item"),
         (lambda d: d.update(param_mb=float("nan")), "param_mb"),
+        (lambda d: d["loss"].update(kappa=0.2), "loss.kappa: Input should be greater than or equal to 0.25"),
+        (lambda d: d["loss"].update(kappa=1.5), "loss.kappa: Input should be less than or equal to 1"),
+        (lambda d: d["contention"].update(by="bandwidth"), "contention.by: Input should be 'workers' or 'load'"),
+        (lambda d: d.update(uncertainty={"time_log_sd": -0.1}), "uncertainty.time_log_sd"),
     ],
 )
 def test_bad_profile_field_is_named(mutate, expected):

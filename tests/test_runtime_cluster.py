@@ -137,3 +137,66 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
     assert [u["version"] for u in after] == list(range(checkpointed + 1, checkpointed + 1 + len(after)))
     assert min(u["worker"] for u in after) > max(u["worker"] for u in _updates(run.run_dir) if u["t"] < resume["t"])
     _assert_all_gone(provider, "psfail")
+
+
+def _applied_by_shard(run_dir, shards):
+    """Per shard: the telemetry's records, and each update keyed by (instance id, worker step)
+    (worker ids are each shard's own)."""
+    from tasks.runtime.cuts import shard_dir
+
+    out = []
+    for shard in range(shards):
+        records = read_records(shard_dir(run_dir, shard))
+        instance_of = {r["worker"]: r["instance_id"] for r in records if r["kind"] == "join"}
+        out.append((records, instance_of))
+    return out
+
+
+def _history(records, instance_of):
+    """The updates a shard's state holds at the end: the ones before each resume are cut back to
+    the resumed checkpoint's version."""
+    kept: list[tuple[str, int]] = []
+    versions: list[int] = []
+    for r in records:
+        if r["kind"] == "update":
+            kept.append((instance_of[r["worker"]], r["step"]))
+            versions.append(r["version"])
+        elif r["kind"] == "resume":
+            n = sum(1 for v in versions if v <= r["version"])
+            kept, versions = kept[:n], versions[:n]
+    return kept
+
+
+def test_sharded_ps_shard_killed_and_restarted_resumes_from_a_common_cut(provider):
+    """k = 2 shards, two workers. Shard 1 is killed; both shards restart from the newest cut they
+    both hold; afterwards every update is in both shards' histories or in neither."""
+    run = _start(provider, "shards", checkpoint_every_updates=5, num_ps=2)
+    try:
+        assert len(run.ps_address.split(",")) == 2
+        driver.add_workers(run, TYPES[0], 2, batch_size=8)
+        driver.wait_for(run, lambda p: p.updates_total >= 16, 120)
+        os.killpg(provider.pid_of("shards", run.ps_instances[1].instance_id), signal.SIGKILL)
+        run2 = driver.restart_ps(run, plan_id="ps-restart")
+        assert run2.ps_address == run.ps_address
+        driver.wait_for(run2, lambda p: p.resumes == 1, 120)
+        resumed_at = next(r for r in read_records(run.run_dir) if r["kind"] == "resume")["updates_total"]
+        driver.wait_for(run2, lambda p: p.updates_total >= resumed_at + 6, 120)
+        final = driver.stop_run(run2)
+    finally:
+        provider.cleanup("shards")
+    assert final.stopped == "stop_file"
+    (records0, ids0), (records1, ids1) = _applied_by_shard(run.run_dir, 2)
+    resumes = [next(r for r in records if r["kind"] == "resume") for records in (records0, records1)]
+    assert resumes[0]["epoch"] == resumes[1]["epoch"] >= 1  # the same cut on both
+    assert resumes[0]["version"] == resumes[1]["version"]  # holding the same number of updates
+    cuts1 = [r["epoch"] for r in records1 if r["kind"] == "checkpoint" and r["t"] < resumes[1]["t"]]
+    assert resumes[1]["epoch"] in cuts1  # the killed shard resumed from its own checkpoint
+    history0, history1 = _history(records0, ids0), _history(records1, ids1)
+    assert len(history0) > resumes[0]["version"]  # it trained on after the restart
+    assert sorted(history0) == sorted(history1)  # no update applied on one shard and lost on the other
+    assert len(set(history0)) == len(history0)  # none applied twice
+    stops = [[r for r in records if r["kind"] == "stop"][-1] for records in (records0, records1)]
+    assert stops[0]["version"] == stops[1]["version"]  # both stopped at the same cut
+    finals = [[r for r in records if r["kind"] == "checkpoint"][-1] for records in (records0, records1)]
+    assert finals[0]["epoch"] == finals[1]["epoch"] and finals[0]["version"] == finals[1]["version"]
+    _assert_all_gone(provider, "shards")

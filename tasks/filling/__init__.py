@@ -2,5 +2,5 @@
 
 monitor -> where the bubbles are; gate -> when a chunk may start; scheduler -> which chunk;
 guard -> how much of a bubble to use; executor -> where it runs; filler -> the loop tying them;
-attach -> what the training runtime calls. Design: shared/design/filling.md, docs/filling.md.
+attach -> what the training runtime calls. Design: docs/filling.md.
 """

@@ -6,7 +6,9 @@ arrival stream at `online_rate_per_s` (0 = none); offline work scores the model'
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -24,7 +26,7 @@ class FillConfig(BaseModel):
 
     enabled: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
-    model: Literal["cnn", "transformer"] = "cnn"
+    model: Literal["cnn", "transformer", "resnet50", "bert"] = "cnn"
     online_rate_per_s: float = Field(10.0, ge=0)
     slo_s: float = Field(0.25, gt=0)
     queue_capacity: int = Field(64, ge=1)
@@ -74,30 +76,46 @@ def available_memory_mb(config: FillConfig) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 2**20 / 2
 
 
-def assemble(config: FillConfig, policy: Policy = "gated"):
-    """Build (not start) a filler for `policy`; checks the device and the memory first."""
+def check_memory_fits(config: FillConfig, workload=None, copies: int = 1) -> None:
+    """UserInputError (one line) unless `copies` fillers of `config` fit the memory left for
+    inference (available_memory_mb); the need is estimated on the CPU (models.memory_needed_mb),
+    so nothing has touched the GPU when it refuses."""
+    from tasks.filling.models import build_workload, memory_needed_mb
+
+    check_device(config)
+    workload = workload or build_workload(config.model, config.dataset_size, config.seed)
+    need_mb = copies * memory_needed_mb(workload, config.max_batch)
+    have_mb = available_memory_mb(config)
+    if need_mb > have_mb:
+        what = f"inference model {config.model}" + (f" x {copies}" if copies > 1 else "")
+        raise UserInputError(
+            f"{what} needs ~{need_mb:.0f} MB at batch {config.max_batch} "
+            f"but only {have_mb:.0f} MB remain for inference; lower max_batch or raise the budget")
+
+
+def check_device(config: FillConfig) -> None:
     import torch
 
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("fill config: device is cuda but torch sees no CUDA device")
+
+
+def assemble(config: FillConfig, policy: Policy = "gated"):
+    """Build (not start) a filler for `policy`; checks the device and the memory first."""
     from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
     from tasks.filling.executor import CpuExecutor, CudaExecutor
     from tasks.filling.filler import Filler
     from tasks.filling.gate import Gate
     from tasks.filling.guard import StepTimeGuard
-    from tasks.filling.models import build_workload, memory_needed_mb
+    from tasks.filling.models import build_workload
     from tasks.filling.monitor import BubbleMonitor
     from tasks.filling.scheduler import CostModel, OnlineQueue, PoissonArrivals, Scheduler
 
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("fill config: device is cuda but torch sees no CUDA device")
+    check_device(config)
     workload = build_workload(config.model, config.dataset_size, config.seed)
+    check_memory_fits(config, workload)  # on the CPU: nothing is on the GPU yet
     if config.device == "cuda":
         workload = workload.to("cuda")
-    need_mb = memory_needed_mb(workload, config.max_batch)
-    have_mb = available_memory_mb(config)
-    if need_mb > have_mb:
-        raise UserInputError(
-            f"inference model {config.model} needs ~{need_mb:.0f} MB at batch {config.max_batch} "
-            f"but only {have_mb:.0f} MB remain for inference; lower max_batch or raise the budget")
     monitor = BubbleMonitor(slots=config.slots)
     guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
     if policy == "gated":
@@ -130,14 +148,53 @@ class DisabledFiller(NoListener):
         pass
 
 
+CONFIG_ENV = "SPOTFILL_FILL_CONFIG"  # JSON object of FillConfig fields a worker's filler takes
+
+
+def worker_fill_config(config: FillConfig | dict) -> FillConfig:
+    """`config` (the worker's own flags) with the fields of $SPOTFILL_FILL_CONFIG on top: how a
+    launcher chooses a worker's inference model, batch sizes and gate settings without a flag
+    per field."""
+    if isinstance(config, FillConfig):
+        config = config.model_dump()
+    extra = os.environ.get(CONFIG_ENV)
+    if extra:
+        try:
+            data = json.loads(extra)
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{CONFIG_ENV}: not JSON ({err.msg})") from None
+        if not isinstance(data, dict):
+            raise UserInputError(f"{CONFIG_ENV}: expected a JSON object")
+        config = {**config, **data}
+    return parse_fill_config(config)
+
+
 def build_worker_filler(config: FillConfig | dict):
-    """The runtime's entry point: a calibrated, started gated filler (or a no-op when disabled)."""
-    config = config if isinstance(config, FillConfig) else parse_fill_config(config)
+    """The runtime's entry point: a calibrated, started gated filler (or a no-op when disabled).
+    On CUDA its compute phases are timed by the GPU (DeviceTimedPhases)."""
+    config = worker_fill_config(config)
     if not config.enabled:
         return DisabledFiller()
     filler = assemble(config, "gated")
     filler.calibrate()
-    return filler.start()
+    filler.start()
+    if config.device == "cuda":
+        from tasks.filling.cuda_timing import DeviceTimedPhases
+
+        return DeviceTimedPhases(filler)
+    return filler
+
+
+def read_worker_metrics(metrics_dir: Path) -> list[dict]:
+    """The metrics each worker's ReportingFiller left in `metrics_dir` (unreadable files skipped:
+    a worker may be writing its first one)."""
+    out = []
+    for path in sorted(Path(metrics_dir).glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
 
 
 class ReportingFiller:
@@ -154,8 +211,8 @@ class ReportingFiller:
     def compute_start(self, step: int) -> None:
         self.filler.compute_start(step)
 
-    def compute_end(self, step: int) -> None:
-        self.filler.compute_end(step)
+    def compute_end(self, step: int, compute_s: float | None = None) -> None:
+        self.filler.compute_end(step, compute_s)
 
     def comm_start(self, step: int) -> None:
         self.filler.comm_start(step)

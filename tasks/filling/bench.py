@@ -7,10 +7,14 @@ started once, then paused; a round gives each mode one block of `block_steps` tr
 (order rotated per round) with only that mode's filler resumed. The first step of each block is
 discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
 which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
-time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. On a CUDA
-machine training and inference both run on the GPU (training on a high-priority stream). The bubble
-is `bubble_share` of the step: the emulated link bandwidth is chosen from the fastest solo compute
-phase measured at the start.
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported.
+
+Sizes (TRAINING, INFERENCE): on the CPU a small CNN trains (batch 64) and a small CNN serves; on a
+CUDA machine both run on the GPU at realistic sizes: resnet110-cifar100 at batch 128 trains on a
+highest-priority stream (tens of ms per step), a ResNet-50-shaped CNN at 224x224 serves (online
+SLO 50 ms) on lowest-priority streams. The bubble is the push + pull time of a named instance type
+of a profile for the training job's own parameters S, as the performance model has it (Eq. 6, 7
+with one worker): 2 * S / Breq + 2 * g * S / Bpcie, times `bubble_scale`.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.errors import UserInputError
-from tasks.filling.attach import FillConfig, assemble
+from tasks.filling.attach import FillConfig, assemble, check_memory_fits
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.trainloop import TrainingJob
 
@@ -33,6 +37,44 @@ COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_o
             "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
 
 
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "resnet110-cifar100.json"
+INSTANCE_TYPE = "p3.2xlarge"
+# device -> the training job: None is the bench's small CNN at batch 64, else (runtime workload,
+# its options, batch)
+TRAINING = {"cpu": None, "cuda": ("resnet110-cifar100", {}, 128)}
+# device -> the inference side's FillConfig fields (besides the rate)
+INFERENCE = {
+    "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 2},
+    # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
+    # during it can wait for the bubble: the online reserve (what runs next to training's
+    # kernels and slows them) is halved, so that spill stays within 2% of training's time.
+    "cuda": {"model": "resnet50", "slo_s": 0.05, "max_batch": 64, "dataset_size": 256, "margin_s": 0.001,
+             "online_reserve": 0.01},
+}
+
+
+def profile_bubble_s(param_mb: float, instance_type: str = INSTANCE_TYPE, profile_path: Path = PROFILE,
+                     scale: float = 1.0) -> float:
+    """Push + pull time of one worker of `instance_type` for S = `param_mb` MB, from the profile's
+    bandwidths: 2 * S / Breq (the type's own Breq when its entry has one) + 2 * g * S / Bpcie."""
+    from tasks.profile import load_profile
+
+    if not scale > 0:
+        raise UserInputError(f"--bubble-scale must be > 0, got {scale:g}")
+    profile = load_profile(profile_path)
+    instance = profile.instance(instance_type)
+    breq_mbps = getattr(instance, "required_bandwidth_mbps", None) or profile.required_bandwidth_mbps
+    return scale * (2 * param_mb / breq_mbps + 2 * instance.gpus * param_mb / profile.pcie_bandwidth_mbps)
+
+
+def training_job(device: str):
+    spec = TRAINING[device]
+    if spec is None:
+        return TrainingJob(device=device)
+    workload, options, batch = spec
+    return TrainingJob.from_workload(workload, options, batch, device)
+
+
 def _settings(quick: bool) -> dict:
     # Short blocks, many rounds: the background load drifts within seconds, and a median over
     # many short paired rounds resists a load spike better than a few long ones. After `rounds`,
@@ -41,7 +83,7 @@ def _settings(quick: bool) -> dict:
     # over a dozen requests would be little more than the largest one.
     return {"rounds": 12 if quick else 40, "max_rounds": 40 if quick else 120, "min_rounds": 3,
             "min_online_served": 100 if quick else 400, "block_steps": 6,
-            "warmup_steps": 8, "bubble_share": 0.5, "max_s": 75.0 if quick else 480.0}
+            "warmup_steps": 8, "max_s": 75.0 if quick else 480.0}
 
 
 def _another_round(r: int, elapsed_s: float, served: int, s: dict) -> bool:
@@ -52,18 +94,20 @@ def _another_round(r: int, elapsed_s: float, served: int, s: dict) -> bool:
     return r < s["rounds"] or served < s["min_online_served"]
 
 
-def check_options(online_rates: list[float] | None = None) -> None:
+def check_options(online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
+                  bubble_scale: float = 1.0) -> None:
     """Refuse bad options (one line, UserInputError) before any slow work."""
     for rate in online_rates or []:
         if not 0 < rate <= MAX_ONLINE_RATE:
             raise UserInputError(f"--online-rate must be > 0 and at most {MAX_ONLINE_RATE:g} "
                                  f"requests/s, got {rate:g}")
+    profile_bubble_s(1.0, instance_type, scale=bubble_scale)  # an unknown type or a bad scale
 
 
 def bench_config(device: str = "cpu", online_rate_per_s: float = DEFAULT_ONLINE_RATE) -> FillConfig:
-    return FillConfig(device=device, online_rate_per_s=online_rate_per_s, slo_s=0.5, max_batch=32,
-                      intra_op_threads=2, max_in_flight=1, margin=0.25, tolerance=0.05,
-                      queue_capacity=64, calibration_steps=3, rebaseline_every=30)
+    return FillConfig(device=device, online_rate_per_s=online_rate_per_s, max_in_flight=1,
+                      margin=0.25, tolerance=0.05, queue_capacity=64, calibration_steps=3,
+                      rebaseline_every=30, **INFERENCE[device])
 
 
 def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:
@@ -130,34 +174,43 @@ def _pooled(blocks: list[dict]) -> dict:
     }
 
 
-def run_bench(quick: bool, online_rates: list[float] | None = None) -> dict:
+def run_bench(quick: bool, online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
+              bubble_scale: float = 1.0, device: str | None = None, max_s: float | None = None) -> dict:
     """One bench at one online rate (the default, or the only one given); with several rates,
-    one bench per rate, one after another: {"online_rates_per_s": [...], "runs": [...]}."""
+    one bench per rate, one after another: {"online_rates_per_s": [...], "runs": [...]}.
+    `device`: None picks cuda when torch sees one; `max_s` overrides when rounds stop starting."""
+    import torch
+
     rates = list(online_rates or [DEFAULT_ONLINE_RATE])
-    check_options(rates)
+    check_options(rates, instance_type, bubble_scale)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("bench filling: device cuda asked for, but torch sees no CUDA device")
+    bubble = {"instance_type": instance_type, "bubble_scale": bubble_scale}
     if len(rates) == 1:
-        return _run_one(quick, rates[0], ARTIFACT)
+        return _run_one(quick, rates[0], ARTIFACT, device, bubble, max_s)
     started_s = time.perf_counter()
-    runs = [_run_one(quick, rate, ARTIFACT.with_name(f"filling_bench_rate{rate:g}.png"))
-            for rate in rates]
+    runs = [_run_one(quick, rate, ARTIFACT.with_name(f"filling_bench_rate{rate:g}.png"), device,
+                     bubble, max_s) for rate in rates]
     return {"online_rates_per_s": rates, "runs": runs,
             "elapsed_s": time.perf_counter() - started_s}
 
 
-def _run_one(quick: bool, online_rate: float, artifact: Path) -> dict:
-    import torch
-
+def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubble: dict,
+             max_s: float | None) -> dict:
     s = _settings(quick)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if max_s is not None:
+        s["max_s"] = max_s
     config = bench_config(device, online_rate)
+    check_memory_fits(config, copies=len(MODES) + 1)  # every mode's filler and inference alone
     started_s = time.perf_counter()
-    job = TrainingJob(device=device)
+    job = training_job(device)
+    job.set_bubble(profile_bubble_s(job.param_mb, bubble["instance_type"], scale=bubble["bubble_scale"]))
     probe = BubbleMonitor()
-    job.set_bubble(1e-3)
     job.run(2 * s["warmup_steps"], probe)
     # The fastest compute phase: the machine's background load only ever adds to it.
     compute_s = min(list(probe.compute_times_s)[s["warmup_steps"]:])
-    job.set_bubble(compute_s * s["bubble_share"] / (1 - s["bubble_share"]))
     step_s = compute_s + job.transfer_s()
 
     fillers = {mode: assemble(config, mode) for mode in MODES}
@@ -228,13 +281,21 @@ def _run_one(quick: bool, online_rate: float, artifact: Path) -> dict:
         "solo_inference": solo,
         "modes": modes,
         "rounds": ratios,
-        "settings": {**s, "device": device, "rounds_run": len(ratios), "compute_s": compute_s,
-                     "comm_s": job.transfer_s(), "bandwidth_mbps": job.bandwidth_mbps,
-                     "param_mb": job.param_bytes / 2**20, "training_batch": job.batch,
+        "settings": {**s, "device": device, "device_name": _device_name(device),
+                     "rounds_run": len(ratios), "compute_s": compute_s,
+                     "comm_s": job.transfer_s(), "bubble_share": job.transfer_s() / step_s,
+                     **bubble, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
+                     "param_mb": job.param_mb, "training_batch": job.batch,
                      "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
     }
     result["plot"] = _plot(result, artifact)
     return result
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
 
 def _served(blocks: list[dict]) -> int:
@@ -281,8 +342,11 @@ def format_table(result: dict) -> str:
         return _format_sweep(result)
     st = result["settings"]
     lines = [f"online arrivals {result['online_rate_per_s']:g}/s (Poisson, SLO "
-             f"{st['fill_config']['slo_s']:g} s); device {st['device']}; training: compute "
-             f"{st['compute_s'] * 1e3:.1f} ms + comm {st['comm_s'] * 1e3:.1f} ms per step; {st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
+             f"{st['fill_config']['slo_s']:g} s); device {st['device_name']}; training "
+             f"{st['training']} batch {st['training_batch']}: compute {st['compute_s'] * 1e3:.1f} ms + "
+             f"comm {st['comm_s'] * 1e3:.1f} ms per step (push + pull of {st['param_mb']:.2f} MB on "
+             f"{st['instance_type']} x {st['bubble_scale']:g}); inference {st['fill_config']['model']}; "
+             f"{st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
              f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
              f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
              f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'served':>7}{'shed':>6}"]

@@ -1,5 +1,7 @@
 """Where chunks run. Each lane thread calls `lane_setup(lane)` once, then `run(chunk)` per chunk;
 `run` returns when the chunk's work is complete, so the caller's timing is the chunk's busy time.
+`run` returns the chunk's duration as the device measured it (CUDA events), or None when the
+caller's host clock is the measure (CPU); the cost models learn from it.
 
 CPU: inference runs in lane threads of the training process, on the same cores. torch's intra-op
 thread count is per calling thread with the OpenMP backend (measured: set_num_threads(1) in a lane
@@ -12,7 +14,9 @@ compute a request then preempts training's threads (1.3-1.6 ms at the median, me
 sharing the cores with them (5-8 ms); the gate's online reserve bounds how much of training's time
 that takes. CUDA: each lane owns a lowest-priority stream; the training side should run on
 `training_stream()` (highest priority). Completion is tracked with an event the lane polls, so
-only the lane waits. Priorities do not preempt running kernels: the gate is what isolates.
+only the lane waits, and timed by a pair of events (enable_timing) around the chunk, so a chunk's
+cost is the GPU's time, not the launch's. Priorities do not preempt running kernels: the gate is
+what isolates.
 """
 from __future__ import annotations
 
@@ -59,34 +63,50 @@ class CpuExecutor:
     def run(self, chunk: Chunk) -> None:
         with torch.inference_mode():
             self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch))
+        return None
 
 
 def training_stream(device: str = "cuda") -> "torch.cuda.Stream":
-    """A highest-priority CUDA stream for the training step, above the inference lanes' streams."""
+    """A highest-priority CUDA stream for the training step, above the inference lanes' streams
+    (priority_range() is (least, greatest); the greatest priority is the numerically smallest)."""
+    require_cuda("the training stream")
     _least, greatest = torch.cuda.Stream.priority_range()
     return torch.cuda.Stream(device=device, priority=greatest)
+
+
+def lowest_priority_stream(device) -> "torch.cuda.Stream":
+    """A CUDA stream at the least priority (the numerically largest value of priority_range())."""
+    require_cuda("an inference stream")
+    least, _greatest = torch.cuda.Stream.priority_range()
+    return torch.cuda.Stream(device=device, priority=least)
+
+
+def require_cuda(what: str) -> None:
+    """RuntimeError (one line) when torch sees no CUDA device: every CUDA entry point checks."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs CUDA, but torch sees no CUDA device")
 
 
 class CudaExecutor:
     device = "cuda"
 
     def __init__(self, workload: InferenceWorkload, device: str = "cuda", poll_s: float = 1e-4):
-        if not torch.cuda.is_available():
-            raise RuntimeError("CUDA executor asked for, but torch sees no CUDA device")
+        require_cuda("the CUDA executor")
         self.workload = workload.to(device)
         self.poll_s = poll_s
         self._lane = threading.local()
 
     def lane_setup(self, lane: str) -> None:
-        least, _greatest = torch.cuda.Stream.priority_range()
-        self._lane.stream = torch.cuda.Stream(device=self.workload.dataset.device, priority=least)
+        self._lane.stream = lowest_priority_stream(self.workload.dataset.device)
+        self._lane.start = torch.cuda.Event(enable_timing=True)
+        self._lane.done = torch.cuda.Event(enable_timing=True)
 
-    def run(self, chunk: Chunk) -> None:
-        stream = self._lane.stream
-        done = torch.cuda.Event()
-        with torch.cuda.stream(stream), torch.inference_mode():
-            self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch)
-                                .to(stream.device, non_blocking=True))
-            done.record(stream)
-        while not done.query():
+    def run(self, chunk: Chunk) -> float:
+        lane = self._lane
+        with torch.cuda.stream(lane.stream), torch.inference_mode():
+            lane.start.record(lane.stream)
+            self.workload.model(self.workload.batch(chunk.offline_start, chunk.batch))
+            lane.done.record(lane.stream)
+        while not lane.done.query():  # poll: only this lane waits, and it holds one chunk at most
             time.sleep(self.poll_s)
+        return lane.start.elapsed_time(lane.done) / 1e3

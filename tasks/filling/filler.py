@@ -41,6 +41,7 @@ class Filler:
         self._running = threading.Event()
         self._running.set()
         self._threads: list[threading.Thread] = []
+        self.started_s: float | None = None
 
     # -- PhaseListener: delegate to the monitor (returns at once) -------------------------------
     def compute_start(self, step: int) -> None:
@@ -48,8 +49,8 @@ class Filler:
             self._compute_clean = self._active == 0
         self.monitor.compute_start(step)
 
-    def compute_end(self, step: int) -> None:
-        self.monitor.compute_end(step)
+    def compute_end(self, step: int, compute_s: float | None = None) -> None:
+        self.monitor.compute_end(step, compute_s)
 
     def comm_start(self, step: int) -> None:
         self.monitor.comm_start(step)
@@ -75,11 +76,12 @@ class Filler:
                 self.executor.run(chunk)  # warm-up
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    self.executor.run(chunk)
-                    costs.update(size, time.perf_counter() - t0)
+                    device_s = self.executor.run(chunk)
+                    costs.update(size, time.perf_counter() - t0 if device_s is None else device_s)
 
     def start(self) -> "Filler":
         """Start the lanes; online arrivals begin now."""
+        self.started_s = self.monitor.clock()
         if self.scheduler.arrivals is not None:
             self.scheduler.arrivals.begin(self.monitor.clock())
         for i, lane in enumerate(self.lanes):
@@ -101,8 +103,9 @@ class Filler:
                 self.admission.wait(lane, self.scheduler.idle_wait_s(lane, clock(), cap_s=0.05))
                 continue
             t0 = self._busy_begin()
+            device_s = None
             try:
-                self.executor.run(chunk)
+                device_s = self.executor.run(chunk)
             except Exception as err:  # stop filling, keep training alive; reported in metrics
                 self.error = err
                 self._stop.set()
@@ -110,7 +113,7 @@ class Filler:
             self.admission.finish(lane, t0, t1)
             if self.error is not None:
                 return
-            self.scheduler.complete(chunk, t1, t1 - t0)
+            self.scheduler.complete(chunk, t1, t1 - t0 if device_s is None else device_s)
             with self._stats_lock:
                 self.chunks += 1
                 self.chunk_log.append((chunk.picked_s, t0, t1, chunk.kind, chunk.batch))
@@ -185,6 +188,8 @@ class Filler:
             "bubble_predicted_s": predicted_s,
             "bubble_ewma_s": ewma_s,
             "fill_efficiency": inside_s / monitor.bubble_total_s if monitor.bubble_total_s else 0.0,
+            "elapsed_s": self.monitor.clock() - self.started_s if self.started_s is not None else 0.0,
+            "compute_slowdown": self.guard.slowdown(),
             "guard_budget": self.guard.budget,
             "guard_shrinks": self.guard.shrinks,
             "baseline_compute_s": self.guard.baseline_s,

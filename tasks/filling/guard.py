@@ -39,10 +39,23 @@ class StepTimeGuard:
         self._since_check = 0
         self._touched: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
+        # Every compute phase, clean and touched: [count, total s] each, for the slowdown report.
+        self._totals = {True: [0, 0.0], False: [0, 0.0]}
+
+    def slowdown(self) -> float | None:
+        """Mean compute phase inference touched / mean clean one - 1 (None before both exist):
+        what filling cost training's compute, as the worker reports it."""
+        with self._lock:
+            (n_touched, s_touched), (n_clean, s_clean) = self._totals[False], self._totals[True]
+        if not n_touched or not n_clean:
+            return None
+        return (s_touched / n_touched) / (s_clean / n_clean) - 1
 
     def observe_compute_s(self, compute_s: float, clean: bool = True) -> None:
         """One compute phase; `clean`: no inference chunk ran during it."""
         with self._lock:
+            self._totals[clean][0] += 1
+            self._totals[clean][1] += compute_s
             if clean:
                 self._clean.append(compute_s)
                 self._clean_since_check += 1

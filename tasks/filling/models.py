@@ -2,7 +2,12 @@
 
 - "cnn": a small image classifier (3x32x32 -> 10 classes), the shape of CIFAR scoring.
 - "transformer": a small encoder classifier over 64-token sequences (vocab 1000 -> 4 classes).
+- "resnet50": ResNet-50-shaped (bottleneck stages 3, 4, 6, 3; 25.6M parameters), 3x224x224 ->
+  1000 classes: the image model a GPU serves.
+- "bert": a BERT-base-shaped encoder (12 layers, 768 wide, 12 heads, 3072 feed-forward; 110M
+  parameters) over 128-token sequences (vocab 30522 -> 2 classes).
 Each comes with a seeded synthetic dataset the offline job scores and online requests draw from.
+The two large ones are sized for a GPU (tens of ms per batch of 16 there; seconds on a CPU).
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-MODEL_NAMES = ("cnn", "transformer")
+MODEL_NAMES = ("cnn", "transformer", "resnet50", "bert")
 
 
 class SmallCNN(nn.Module):
@@ -28,13 +33,53 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1 reduce, 3x3, 1x1 expand (x4), with a projected shortcut when the
+    shape changes."""
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = (nn.Identity() if stride == 1 and cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes: int = 1000, blocks: tuple[int, ...] = (3, 4, 6, 3)):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for stage, count in enumerate(blocks):
+            width = 64 * 2 ** stage
+            for i in range(count):
+                layers.append(Bottleneck(cin, width, 2 if i == 0 and stage > 0 else 1))
+                cin = 4 * width
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
 class SmallTransformer(nn.Module):
+    """An encoder classifier; the defaults are small, `bert` builds it BERT-base-shaped."""
+
     def __init__(self, vocab: int = 1000, dim: int = 128, layers: int = 2, classes: int = 4,
-                 seq_len: int = 64):
+                 seq_len: int = 64, heads: int = 4, ff: int | None = None,
+                 activation: str = "relu"):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.position = nn.Parameter(torch.zeros(1, seq_len, dim))
-        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=2 * dim, batch_first=True)
+        layer = nn.TransformerEncoderLayer(dim, nhead=heads, dim_feedforward=ff or 2 * dim,
+                                           batch_first=True, activation=activation)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, classes)
 
@@ -66,14 +111,22 @@ def build_workload(name: str, dataset_size: int = 1024, seed: int = 0) -> Infere
     elif name == "transformer":
         model = SmallTransformer()
         data = torch.randint(0, 1000, (dataset_size, 64), generator=gen)
+    elif name == "resnet50":
+        model = ResNet50()
+        data = torch.randn(dataset_size, 3, 224, 224, generator=gen)
+    elif name == "bert":
+        model = SmallTransformer(vocab=30522, dim=768, layers=12, classes=2, seq_len=128, heads=12,
+                                 ff=3072, activation="gelu")
+        data = torch.randint(0, 30522, (dataset_size, 128), generator=gen)
     else:
         raise ValueError(f"unknown inference model {name!r}")
     return InferenceWorkload(name, model.eval(), data)
 
 
 def memory_needed_mb(workload: InferenceWorkload, max_batch: int) -> float:
-    """Parameters + the activations of one forward pass at max_batch (measured at batch 1 with
-    forward hooks on every module, scaled linearly), doubled for allocator slack."""
+    """Parameters + the dataset + the activations of one forward pass at max_batch (measured at
+    batch 1 with forward hooks on every module, scaled linearly, doubled for allocator slack).
+    Run it while the workload is still on the CPU, before anything is moved to a GPU."""
     activation_bytes = 0
 
     def count(_module, _inputs, output):
@@ -89,4 +142,5 @@ def memory_needed_mb(workload: InferenceWorkload, max_batch: int) -> float:
         for hook in hooks:
             hook.remove()
     param_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters())
-    return (param_bytes + 2 * activation_bytes * max_batch) / 2**20
+    data_bytes = workload.dataset.numel() * workload.dataset.element_size()
+    return (param_bytes + data_bytes + 2 * activation_bytes * max_batch) / 2**20

@@ -72,10 +72,13 @@ class BubbleMonitor:
             self._close(estimate=False)
         self._compute_since = self.clock()
 
-    def compute_end(self, step: int) -> None:
+    def compute_end(self, step: int, compute_s: float | None = None) -> None:
+        """`compute_s`: the phase's length as the device timed it (CUDA events); default: the
+        host's clock between the two edges."""
         if self._compute_since is None:
             return
-        compute_s = self.clock() - self._compute_since
+        if compute_s is None:
+            compute_s = self.clock() - self._compute_since
         self._compute_since = None
         self.compute_times_s.append(compute_s)
         for callback in self._compute_listeners:

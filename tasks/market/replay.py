@@ -3,7 +3,7 @@
 Training progresses at the model's speed on whatever cluster is up. The loss is tracked in
 u = 1 / (L - gamma5), which the model's loss curve makes linear in iterations, so on a fixed
 cluster u moves linearly in time from its current value to the target's in the model's predicted
-remaining time; a new cluster continues from the loss reached (model.md, re-planning). Events are
+remaining time; a new cluster continues from the loss reached (docs/model.md, re-planning). Events are
 revocations (from the type's real trace, thinned to our instance count, or a Poisson process at
 its band hazard), instances joining, and completion. On a revocation the policy re-plans with the
 survivors as existing instances, the time and loss left and the overhead T_ohd; instances it adds

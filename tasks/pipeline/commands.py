@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
     p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
                    help="with --solver risk: probability of meeting the deadline to plan for")
+    p.add_argument("--confidence", type=cli_args.finite_float, default=None,
+                   help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
@@ -77,6 +79,7 @@ def build_request(args: argparse.Namespace):
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
             "candidates": {"types": types, "quotas": args.quota},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
+            "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
                          "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},

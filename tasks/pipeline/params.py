@@ -85,6 +85,8 @@ class TrainRequest(BaseModel):
     profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
+    confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
+                                     "upper end of the model's interval at this level (needs a fitted profile)")
     overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     filling: Filling = Field(default_factory=Filling)

@@ -15,7 +15,8 @@ from tasks.pipeline.session import TrainingSession
 
 def inference_harvested(run_dir: Path) -> dict:
     """Totals of the workers' inference-filling metrics (<run>/filling/*.json), if any."""
-    totals = {"offline_samples": 0, "online_requests": 0, "online_shed": 0, "workers": 0}
+    totals = {"offline_samples": 0, "online_requests": 0, "online_shed": 0, "workers": 0,
+              "compute_slowdown_max": None}  # the most filling cost a worker's compute phase
     for path in sorted((run_dir / "filling").glob("*.json")):
         try:
             m = json.loads(path.read_text())
@@ -26,6 +27,8 @@ def inference_harvested(run_dir: Path) -> dict:
         totals["online_requests"] += int(m.get("online_served", 0))
         totals["online_shed"] += sum(int(m.get(k, 0)) for k in ("online_shed_overflow", "online_shed_expired",
                                                                   "online_shed_paused"))
+        if m.get("compute_slowdown") is not None:
+            totals["compute_slowdown_max"] = max(m["compute_slowdown"], totals["compute_slowdown_max"] or -1.0)
     return totals
 
 

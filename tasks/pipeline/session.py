@@ -99,7 +99,8 @@ class TrainingSession:
         return PlanRequest(
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
-            current_loss=current_loss, solver=self.request.solver, **self.risk_options(),
+            current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
+            **self.risk_options(),
         )
 
     def risk_options(self) -> dict:
@@ -217,7 +218,7 @@ class TrainingSession:
             return 0.0
         model = Model.from_profile(self.profile)
         counts = model.counts_vector(workers)
-        return float(counts @ (1.0 / model.iteration_times_s(np.array(float(counts.sum())))))
+        return float(counts @ (1.0 / model.cluster_iteration_times_s(counts)[0]))
 
     def check_drift(self, obs: Observation) -> float | None:
         """Drift against the cluster this poll saw (no second read of the instance table)."""

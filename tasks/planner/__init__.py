@@ -5,6 +5,7 @@ One entry point, `solve(PlanRequest) -> PlanResult`, whichever solver; see probl
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -40,15 +41,30 @@ def solve_problem(problem: Problem) -> PlanResult:
     elapsed = time.perf_counter() - started
     if best.counts is None:
         fastest = fastest_time_s(problem)
-        have = problem.budget_s
+        have = problem.budget_s * problem.time_factor
         overhead = problem.request.overhead_s
-        msg = (f"no plan meets the deadline: the fastest plan within the quotas takes {fastest:.1f} s"
-               f" and {have:.1f} s are available" + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
+        level = problem.request.confidence
+        at = "" if level is None else f" at the upper end of its {level:.0%} interval"
+        msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas takes "
+               f"{fastest * problem.time_factor:.1f} s{' there' if at else ''} and {have:.1f} s are available"
+               + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
         if solver == "heuristic" and np.isfinite(fastest) and fastest <= have:
             msg = (f"the heuristic found no plan within its size bounds; the exact solver may "
                    f"(the fastest plan takes {fastest:.1f} s, {have:.1f} s are available)")
         return make_result(problem, None, solver, "infeasible", elapsed, evaluated, fastest, msg)
-    return make_result(problem, best.counts, solver, status, elapsed, evaluated)
+    result = make_result(problem, best.counts, solver, status, elapsed, evaluated)
+    return result if problem.request.confidence is None else with_confidence(problem, result)
+
+
+def with_confidence(problem: Problem, result: PlanResult) -> PlanResult:
+    """The plan for the interval's upper end, with what it costs over the plan for the centre."""
+    central = solve_problem(build_problem(replace(problem.request, confidence=None)))
+    return replace(result, confidence={
+        "level": problem.request.confidence, "time_factor": problem.time_factor,
+        "upper_time_s": result.predicted_time_s * problem.time_factor,
+        "central_cost_usd": central.predicted_cost_usd,
+        "extra_cost_usd": result.predicted_cost_usd - central.predicted_cost_usd,
+    })
 
 
 def solve(request: PlanRequest) -> PlanResult:

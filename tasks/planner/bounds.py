@@ -10,13 +10,21 @@ price P = sum n_m p_m are linear in the counts. Time is j / X and cost is j * P 
   valid bound where the fitted curve stops descending);
 - X_max and P_min over the free counts are exact greedy fills (a knapsack row of unit weights);
 - a mediant is never below its smallest ratio: P/X >= min(P_fixed/X_fixed, min_m p_m T_m(n)).
+Both extensions of docs/model.md keep these bounds valid:
+- loss.kappa > 0: ((R + gamma4) n) ** kappa still grows with R, so R = 0 still bounds j below;
+- contention by load: T_m depends on the cluster's PS load n_eff, not on n alone, so the rates
+  are no longer fixed by n. But every type in a cluster shares one Bwk, n_eff lies in
+  [1 + (n - 1) T_min / T_max, n] (T_min, T_max: the usable types' times alone) and Bwk does not
+  grow with the load when alpha1 >= 0 (Bwk <= Breq always), so the rates at the smallest load
+  (at Breq when alpha1 < 0) are ceilings on every cluster's rates (`rate_ceilings`): X_max, and
+  every ratio P/X built on them, stay bounds. The fixed part's mean batch, which needs the true
+  rates, is then not used: the WA batch is bounded by the types' batch range alone.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from tasks.model import cluster_spread
 from tasks.profile import Profile
 
 
@@ -57,10 +65,30 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
     j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
                      for n in sizes])
-    rates = 1.0 / model.iteration_times_s(sizes.astype(float))
+    rates = rate_ceilings(problem, sizes)
     x_max = max_rate_by_size(rates, problem.lower, problem.upper, sizes)
     ratio_min = (model.prices_usd_per_h[usable] / rates[:, usable]).min(axis=1)
     return j_lo, x_max, ratio_min
+
+
+def rates_fixed_by_size(problem) -> bool:
+    """Do the types' rates depend on the cluster size alone (contention by workers, the paper)?"""
+    return problem.model.profile.contention.by != "load"
+
+
+def rate_ceilings(problem, sizes: np.ndarray) -> np.ndarray:
+    """Per size (rows) and type (columns), an iteration rate 1/T_m no cluster of that size exceeds:
+    the exact rates when contention is by workers; with contention by load, the rates at the
+    smallest PS load a cluster of that size can have (see the module's docstring)."""
+    model = problem.model
+    sizes = np.asarray(sizes, dtype=float)
+    if rates_fixed_by_size(problem):
+        return 1.0 / model.iteration_times_s(sizes)
+    alone = model.alone_times_s[problem.upper > 0]
+    if model.profile.contention.alpha1 < 0:
+        return 1.0 / model.iteration_times_s(np.zeros_like(sizes))  # load 0: every worker at Breq
+    least_load = 1.0 + (sizes - 1.0) * float(alone.min() / alone.max())
+    return 1.0 / model.iteration_times_s(least_load)
 
 
 class IterationBound:
@@ -69,7 +97,7 @@ class IterationBound:
     def __init__(self, profile: Profile, n: float, loss_target: float, current_loss: float | None):
         g = profile.loss
         self.gamma2, self.gamma3 = g.gamma2, g.gamma3
-        spread_at_r0 = math.sqrt(n) if g.gamma4 is None else math.sqrt(max(g.gamma4, 0.0) * n)
+        spread_at_r0 = float(cluster_spread(0.0, n, g.gamma4, g.kappa))
         if current_loss is None:
             self.scale = spread_at_r0 / (loss_target - g.gamma5)
             self.offset = g.gamma1

@@ -1,4 +1,4 @@
-"""`spotfill predict` and `spotfill plan` (shared/contracts/cli.md)."""
+"""`spotfill predict` and `spotfill plan` (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
+    p.add_argument("--level", type=cli_args.finite_float, default=0.9,
+                   help="level of the two-sided time interval, in (0, 1) (profiles with a measured error spread)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=predict)
 
@@ -29,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-plan mid-training from this loss")
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
+    p.add_argument("--confidence", type=cli_args.finite_float, default=None,
+                   help="meet the deadline at the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--out", type=cli_args.output_file, default=None, help="also write the plan as JSON to this file (atomically)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=plan)
@@ -37,9 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def predict(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
     from tasks.errors import UserInputError
+    from tasks.intervals import check_level, time_interval_s
     from tasks.model import Model
     from tasks.profile import load_profile
 
+    check_level(args.level, "--level")
     profile = load_profile(args.profile)
     if not args.cluster or sum(args.cluster.values()) == 0:
         raise UserInputError("--cluster names no instance (expected TYPE=N with N > 0)")
@@ -53,6 +59,10 @@ def predict(args: argparse.Namespace) -> int:
         "expected_iteration_time_s": r["iteration_time_s"], "speed": r["speed"], "wa_batch": r["wa_batch"],
         "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
     }
+    if profile.uncertainty is not None:  # a profile without a measured spread gives no interval
+        low_s, high_s = time_interval_s(profile, args.level, r["time_s"])
+        out["interval"] = {"level": args.level, "time_s": [low_s, high_s],
+                           "cost_usd": [low_s / 3600 * r["usd_per_h"], high_s / 3600 * r["usd_per_h"]]}
     if args.json:
         print_json(out)
         return 0
@@ -63,6 +73,9 @@ def predict(args: argparse.Namespace) -> int:
     print(f"WA batch / CC    {out['wa_batch']:.1f} / {out['cc']:.4f}")
     print(f"predicted time   {out['predicted_time_s']:.1f} s ({out['predicted_time_s'] / 3600:.2f} h)")
     print(f"predicted cost   ${out['predicted_cost_usd']:.4f} at ${r['usd_per_h']:.4f}/h")
+    if "interval" in out:
+        (low_s, high_s), (low_usd, high_usd) = out["interval"]["time_s"], out["interval"]["cost_usd"]
+        print(f"{args.level:.0%} interval     {low_s:.1f} - {high_s:.1f} s, ${low_usd:.4f} - ${high_usd:.4f}")
     return 0
 
 
@@ -76,6 +89,7 @@ def plan(args: argparse.Namespace) -> int:
         profile=load_profile(args.profile), loss_target=args.loss, deadline_s=args.deadline,
         existing=args.existing, quota=args.quota, overhead_s=args.overhead,
         current_loss=args.current_loss, bandwidth_margin=args.bandwidth_margin, solver=args.solver,
+        confidence=args.confidence,
     )
     result = solve(request)
     if args.out:
@@ -104,4 +118,8 @@ def format_plan(request, result) -> str:
         f"solver           {result.solver} ({result.status}), {result.solve_seconds * 1000:.1f} ms, "
         f"{result.evaluated} clusters scored",
     ]
+    if result.confidence is not None:
+        c = result.confidence
+        rows.append(f"confidence       {c['level']:.0%}: upper end {c['upper_time_s']:.1f} s; "
+                    f"${c['extra_cost_usd']:.4f} more than the plan for the central prediction (${c['central_cost_usd']:.4f})")
     return "\n".join(rows)

@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import IterationBound, greedy_fill_suffixes, size_bounds
+from tasks.planner.bounds import IterationBound, greedy_fill_suffixes, rate_ceilings, rates_fixed_by_size, size_bounds
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
@@ -95,7 +95,8 @@ class BranchAndBound:
         self.stats.sizes_searched += 1
         req = self.problem.request
         jb = IterationBound(req.profile, float(n), req.loss_target, req.current_loss)
-        rate_arr = 1.0 / self.problem.model.iteration_times_s(np.array(float(n)))[self.order]
+        rate_arr = rate_ceilings(self.problem, np.array([n]))[0][self.order]
+        exact_rates = rates_fixed_by_size(self.problem)  # else the fixed part's mean batch is unknown
         extra = self.upper - self.lower
         # Best fills of each suffix of the type order, for every remaining count 0..n (as lists:
         # the search below is scalar Python, where list indexing is far cheaper than numpy's).
@@ -119,15 +120,15 @@ class BranchAndBound:
             x_ub = x_f + x_max[k][rem]
             if x_ub <= 0:
                 return
-            if x_f > 0:
+            if x_f > 0 and exact_rates:
                 # The fixed part's mean batch can only be diluted towards the rest's batches, and
                 # least so when the rest iterates slowest (x_min).
                 mean_b, x_slow = y_f / x_f, x_min[k][rem]
                 hi = mean_b if mean_b <= b_hi[k] else (y_f + b_hi[k] * x_slow) / (x_f + x_slow)
                 lo = mean_b if mean_b >= b_lo[k] else (y_f + b_lo[k] * x_slow) / (x_f + x_slow)
                 j_lo = jb.lower(min(lo, b_lo[k]), max(hi, b_hi[k]))
-            else:
-                j_lo = jb.lower(b_lo[k], b_hi[k])
+            else:  # fixed types come first in the order, so their batches are >= b_lo[k]
+                j_lo = jb.lower(b_lo[k], b_hi[k] if x_f <= 0 else b_hi[0])
             time_lb = j_lo / x_ub
             if time_lb > deadline:
                 return

@@ -1,4 +1,4 @@
-"""The provisioning problem (model.md, Eq. 11-14) and its answer, independent of the solver."""
+"""The provisioning problem (docs/model.md, Eq. 11-14) and its answer, independent of the solver."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 
 from tasks.errors import UserInputError
+from tasks.intervals import time_factor
 from tasks.model import Model
 from tasks.profile import Profile
 
@@ -36,6 +37,9 @@ class PlanRequest:
     target_probability: float = 0.95
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     recovery_s: float = 120.0
+    # Meet the deadline at the upper end of the prediction's two-sided interval at this level
+    # (tasks/intervals.py; the profile must carry its measured error spread); None: at the centre.
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class Problem:
     model: Model
     lower: np.ndarray
     upper: np.ndarray
-    budget_s: float  # deadline minus overhead
+    budget_s: float  # deadline minus overhead, divided by time_factor
+    time_factor: float = 1.0  # upper end of the confidence interval / central prediction
 
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
@@ -79,6 +84,9 @@ class PlanResult:
     fastest_time_s: float | None = None  # set when infeasible
     message: str = ""
     meet_probability: float | None = None  # solver="risk": estimated P(meeting the deadline)
+    # with a confidence level: level, time_factor, upper_time_s, central_cost_usd (the plan at
+    # the centre's cost) and extra_cost_usd (what meeting the deadline at the upper end adds)
+    confidence: dict | None = None
 
     @property
     def feasible(self) -> bool:
@@ -95,6 +103,7 @@ class PlanResult:
             "cc": self.cc,
             "solver": self.solver,
             "solve_seconds": self.solve_seconds,
+            **({} if self.confidence is None else {"confidence": self.confidence}),
         }
 
 
@@ -154,12 +163,13 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(
             f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
         )
-    return Problem(req, model, lower, upper, budget_s)
+    factor = 1.0 if req.confidence is None else time_factor(profile, req.confidence, "confidence")
+    return Problem(req, model, lower, upper, budget_s / factor, factor)
 
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
            key_a: tuple = (), key_b: tuple = ()) -> bool:
-    """Is plan a strictly better than plan b under model.md's order (cost, then time, then size),
+    """Is plan a strictly better than plan b under docs/model.md's order (cost, then time, then size),
     full ties going to the larger tie key (Problem.tie_key: alphabetically earlier types)?"""
     if cost_a < cost_b * (1 - COST_TIE_REL):
         return True

@@ -120,6 +120,12 @@ def _validate(args) -> int:
           f"{report.baseline_median_time_error:.1%} (max {report.baseline_max_time_error:.1%})")
     print(f"speed model alone (observed iterations): median time error {report.median_speed_time_error:.1%}, "
           f"contention-blind {report.baseline_median_speed_time_error:.1%}")
+    if report.form is not None:
+        cv = ", ".join(f"{name} {err:.1%}" if err is not None else f"{name} -" for name, err in report.form["cv_time_log_rms"].items())
+        print(f"model form {report.form['chosen']} (cross-validation log-time RMS: {cv}); paper's form: median time "
+              f"error {report.paper_median_time_error:.1%} (max {report.paper_max_time_error:.1%})")
+    if report.coverage is not None:
+        print(f"{report.interval_level:.0%} intervals: {report.coverage:.0%} of runs inside")
     print(f"plot: {report.plot}")
     return 0
 

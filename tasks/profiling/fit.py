@@ -1,4 +1,4 @@
-"""Fit the model's parameters (shared/design/model.md) to measurements with bounded least squares.
+"""Fit the model's parameters (docs/model.md) to measurements with bounded least squares.
 
 Three fits, each with bounds, starting points and a quality report (residuals, RMSE, R^2):
 - memory (Eq. 10): batch_per_gpu = alpha2 * memory_gb + beta2, from (batch, peak memory) points;
@@ -7,6 +7,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
   update count, with the cluster's WA batch size bw, convergence coefficient R and size n; the
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
+The model's form (the paper's, a free n-exponent kappa, contention by PS load, or both) is chosen
+by leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
 """
@@ -20,8 +22,9 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import least_squares
 
+from tasks.model import Model, cluster_spread, contended_bandwidth_mbps
 from tasks.profile import Profile, profile_from_dict
-from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement
+from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, cluster_label
 
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
 BAND_TOP = 0.35  # the band starts where the loss has covered 65% of its fall (above: the warm-up knee)
@@ -47,6 +50,7 @@ class FitQuality(BaseModel):
 class FittedProfile:
     profile: Profile
     quality: dict[str, FitQuality]
+    form: "FormChoice | None" = None  # the model's form and every candidate's held-out error
 
 
 def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
@@ -113,18 +117,11 @@ def max_batch_per_gpu(alpha2: float, beta2: float, memory_gb: float) -> int:
 # ---------------------------------------------------------------- contention (Eq. 8, 9)
 
 
-def worker_bandwidth_mbps(n: np.ndarray, alpha1: float, beta1: float, breq_mbps: float, bps_mbps: float) -> np.ndarray:
-    """Bwk of Eq. 8 with P of Eq. 9 (the same formula tasks.model evaluates)."""
-    n = np.asarray(n, dtype=float)
-    share = np.clip(alpha1 * np.sqrt(n) + beta1, 0.0, 1.0)
-    contended = share * bps_mbps / np.maximum(n, 1.0) + (1.0 - share) * breq_mbps
-    return np.where(n * breq_mbps <= bps_mbps, breq_mbps, contended)
-
-
-def fit_contention(n_workers: Sequence[int], comm_s: Sequence[float], gpus: Sequence[int], *, param_mb: float,
+def fit_contention(loads: Sequence[float], comm_s: Sequence[float], gpus: Sequence[int], *, param_mb: float,
                    breq_mbps: float, bps_mbps: float, pcie_mbps: float, max_nfev: int | None = None) -> FitQuality:
-    """alpha1, beta1 from each cluster worker's median push+pull time; residuals are relative."""
-    n = np.asarray(n_workers, dtype=float)
+    """alpha1, beta1 from each cluster worker's median push+pull time against its cluster's PS
+    load (the worker count n, or n_eff for contention by load); residuals are relative."""
+    n = np.asarray(loads, dtype=float)
     obs = np.asarray(comm_s, dtype=float)
     g = np.asarray(gpus, dtype=float)
     _require_finite("contention", n, obs)
@@ -132,11 +129,11 @@ def fit_contention(n_workers: Sequence[int], comm_s: Sequence[float], gpus: Sequ
     _require_points("contention", int(contended.sum()), 2,
                     "profile clusters large enough that n * Breq exceeds the PS bandwidth")
     if len(set(n[contended].tolist())) < 2:
-        raise ProfilingError("contention fit: the contended workers all come from clusters of one size; "
+        raise ProfilingError("contention fit: the contended workers all come from clusters of one PS load; "
                              "profile at least two cluster sizes in the contention regime")
 
     def predicted(x: np.ndarray) -> np.ndarray:
-        bwk = worker_bandwidth_mbps(n, x[0], x[1], breq_mbps, bps_mbps)
+        bwk = contended_bandwidth_mbps(n, x[0], x[1], breq_mbps, bps_mbps)
         return 2 * param_mb / bwk + 2 * g * param_mb / pcie_mbps
 
     starts = [np.array(s) for s in ((0.8, -1.92), (0.3, -0.3), (0.1, 0.2), (1.5, -3.0))]
@@ -174,23 +171,28 @@ def cluster_shape(batches: Sequence[float], iteration_times_s: Sequence[float]) 
 
 
 def loss_curve(j: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
-    """Eq. 3 with gamma4 (the R-aware form)."""
-    return (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (j + g[0]) + g[4]
+    """Eq. 3 with gamma4 (the R-aware form); g = gamma1..gamma5 (the paper's sqrt) or
+    gamma1..gamma5, kappa (the n-shape extension)."""
+    return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (j + g[0]) + g[4]
 
 
 def iterations_to_loss(loss: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
     """Eq. 3 solved for j: the updates the curve needs to come down to `loss`."""
-    return (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (loss - g[4]) - g[0]
+    return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (loss - g[4]) - g[0]
 
 
 MIN_ITERATIONS = 10.0  # relative iteration residuals are taken against at least this many updates
 
 
-def fit_loss_curve(series: Sequence[LossSeries], *, max_nfev: int | None = None) -> FitQuality:
-    """gamma1..gamma5 of Eq. 3, fitted in the space the planner uses it in: for every observed
-    (j, loss) point, the iterations the curve predicts to reach that loss against the observed j
-    (relative residuals). A loss-space fit spends its accuracy on the plateau and misses where
-    the curve crosses a target (docs/profiling.md, Measured)."""
+KAPPA_BOUNDS = (0.25, 1.0)  # the n-shape exponents the profile contract allows
+
+
+def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, max_nfev: int | None = None) -> FitQuality:
+    """gamma1..gamma5 of Eq. 3 (and, with free_kappa, the exponent kappa of (R + gamma4) n in
+    KAPPA_BOUNDS instead of the paper's 1/2), fitted in the space the planner uses it in: for
+    every observed (j, loss) point, the iterations the curve predicts to reach that loss against
+    the observed j (relative residuals). A loss-space fit spends its accuracy on the plateau and
+    misses where the curve crosses a target (docs/profiling.md)."""
     if not series:
         raise ProfilingError("loss-curve fit: no profiled clusters")
     for s in series:
@@ -210,16 +212,20 @@ def fit_loss_curve(series: Sequence[LossSeries], *, max_nfev: int | None = None)
     scale = np.maximum(j, MIN_ITERATIONS)
     lower = np.array([0.0, -1e4, -1e4, 1e-3, min(0.0, low - abs(low) - 1.0)])
     upper = np.array([1e6, 1e4, 1e6, 10.0, low - 1e-3 * (high - low)])
+    names = ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5")
+    if free_kappa:
+        lower, upper, names = np.append(lower, KAPPA_BOUNDS[0]), np.append(upper, KAPPA_BOUNDS[1]), names + ("kappa",)
     starts = []
-    spread = float(np.median(np.sqrt((cc + 0.5) * n)))
-    for gamma1 in (10.0, 100.0, 1000.0):
-        for floor in (0.9 * low, 0.5 * low):
-            gamma3 = max(high - floor, 1e-3) * gamma1 / spread
-            starts.append(np.array([gamma1, 0.0, gamma3, 0.5, floor]))
+    for kappa in ((0.5, 0.75) if free_kappa else (0.5,)):
+        spread = float(np.median(((cc + 0.5) * n) ** kappa))
+        for gamma1 in (10.0, 100.0, 1000.0):
+            for floor in (0.9 * low, 0.5 * low):
+                gamma3 = max(high - floor, 1e-3) * gamma1 / spread
+                starts.append(np.array([gamma1, 0.0, gamma3, 0.5, floor] + ([kappa] if free_kappa else [])))
     result, x0 = _least_squares("loss-curve", lambda g: (iterations_to_loss(loss, bw, cc, n, g) - j) / scale,
                                 starts, lower, upper, max_nfev)
     predicted_j = iterations_to_loss(loss, bw, cc, n, result.x)
-    return _quality("loss-curve", ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5"), result, x0, j, predicted_j)
+    return _quality("loss-curve", names, result, x0, j, predicted_j)
 
 
 def _quality(name, names, result, x0, observed, predicted, residuals=None) -> FitQuality:
@@ -263,13 +269,146 @@ def crossings(points: Sequence[tuple[int, float]], top: float, bottom: float,
     return arr[reached[crossed].argmax(axis=1), 0], grid[crossed]
 
 
+# ---------------------------------------------------------------- the model's form, by held-out error
+
+
+@dataclass(frozen=True)
+class ProfiledCluster:
+    """One profiled cluster as the fits read it."""
+
+    cluster: dict[str, int]
+    series: LossSeries  # its crossings of the common loss band
+    loads: dict[str, float]  # its PS load by each contention form: {"workers": n, "load": n_eff}
+    types: tuple[str, ...]  # each worker's type
+    compute_s: np.ndarray  # each worker's median compute time
+    comm_s: np.ndarray  # each worker's median push + pull time
+    gpus: np.ndarray  # each worker's GPUs
+
+
+# The forms the fit chooses from (docs/model.md, Extensions): the paper's, each extension, both.
+FORMS = {"paper": (False, "workers"), "kappa": (True, "workers"), "load": (False, "load"), "kappa+load": (True, "load")}
+
+
+class FormCandidate(BaseModel):
+    """One form of the model, fitted on all profiled clusters, and its held-out error: each
+    profiled cluster predicted by the form fitted on the others (time to every loss level of the
+    band, `_held_out_errors`)."""
+
+    name: str
+    contention: dict  # alpha1, beta1, by
+    loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2)
+    cv_time_log_rms: float | None  # RMS over held-out clusters of their RMS log(predicted / observed)
+    cv_cluster_errors: dict[str, float]  # held-out cluster -> its RMS log(predicted / observed) time
+    cv_failed: str | None = None  # why the cross-validation of this form could not run
+
+
+class FormChoice(BaseModel):
+    chosen: str
+    method: str = "leave-one-cluster-out"
+    candidates: list[FormCandidate]
+    # held-out clusters without which the contention fit had too few PS loads: their folds reuse
+    # the contention fit on all clusters (only the loss curve was held out)
+    contention_not_held_out: list[str] = []
+
+    def candidate(self, name: str) -> FormCandidate:
+        return next(c for c in self.candidates if c.name == name)
+
+
+def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) -> list[dict[str, float]]:
+    """Each cluster's PS load by both contention forms: n, and n_eff = sum_i T_fast / T_i_alone."""
+    out = []
+    for c in clusters:
+        fastest = min(alone_s[t] for t, k in c.cluster.items() if k)
+        out.append({"workers": float(c.n), "load": sum(k * fastest / alone_s[t] for t, k in c.cluster.items())})
+    return out
+
+
+def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
+               contention_if_unfit: dict[str, FitQuality] | None = None):
+    """The contention fit of each form and the loss fit with and without a free kappa (the two
+    are independent: the loss fit reads measured shapes, the contention fit no losses). Where
+    the clusters leave the contention fit too few PS loads, `contention_if_unfit` stands in."""
+    contention = {}
+    for by in ("workers", "load"):
+        try:
+            contention[by] = fit_contention(np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
+                                            np.concatenate([c.comm_s for c in clusters]),
+                                            np.concatenate([c.gpus for c in clusters]), max_nfev=max_nfev, **comm_args)
+        except ProfilingError:
+            if contention_if_unfit is None:
+                raise
+            contention[by] = contention_if_unfit[by]
+    loss = {free: fit_loss_curve([c.series for c in clusters], free_kappa=free, max_nfev=max_nfev)
+            for free in (False, True)}
+    return contention, loss
+
+
+def _form_params(contention: dict[str, FitQuality], loss: dict[bool, FitQuality], form: str) -> tuple[dict, dict]:
+    free, by = FORMS[form]
+    return {**contention[by].params, "by": by}, {"kappa": None, **loss[free].params}
+
+
+def _held_out_errors(model: Model, c: ProfiledCluster) -> np.ndarray:
+    """log(predicted / observed) time to each loss level the cluster crossed: predicted
+    iterations times Texp of the workers' measured compute plus the model's push + pull, against
+    the observed crossing times Texp of the measured compute plus push + pull. Compute is
+    measured, not predicted, on both sides: the model takes it from each type alone, and the
+    profiling clusters, trained side by side, ran it slower than a cluster alone does, which is
+    no error of the model's forms. A prediction of 0 or infinity counts as a factor of 1000."""
+    counts = model.counts_vector(c.cluster)
+    r = model.evaluate(counts, float(c.series.losses[0]))
+    predicted_j = model.iterations(r["wa_batch"], r["cc"], r["workers"], c.series.losses)
+    index = [model.types.names.index(t) for t in c.types]
+    comm_s = (model.cluster_iteration_times_s(counts)[0] - model.types.compute_s)[index]
+    ratio = (predicted_j / np.sum(1.0 / (c.compute_s + comm_s))) / (
+        np.maximum(c.series.updates, 1.0) / np.sum(1.0 / (c.compute_s + c.comm_s)))
+    return np.log(np.clip(ratio, 1e-3, 1e3))
+
+
+def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dict, dict], Profile],
+                comm_args: dict, max_nfev: int | None = None) -> tuple[FormChoice, dict[str, FitQuality]]:
+    """Fit every form of FORMS on all clusters and, leaving each cluster out in turn, on the
+    others; the form with the smallest held-out error wins (the paper's on a tie), and the
+    chosen form's fits are returned. A held-out fit that cannot run (too few clusters left)
+    leaves that form without an error; with none left, the paper's form is kept."""
+    contention, loss = _fit_parts(clusters, comm_args, max_nfev)
+    errors: dict[str, dict[str, float]] = {form: {} for form in FORMS}
+    failed: dict[str, str] = {}
+    kept_contention = []
+    for k, held_out in enumerate(clusters):
+        try:
+            parts = _fit_parts([c for i, c in enumerate(clusters) if i != k], comm_args, max_nfev, contention)
+        except ProfilingError as err:
+            failed = {form: f"without {cluster_label(held_out.cluster)}: {err}" for form in FORMS}
+            break
+        if any(parts[0][by] is contention[by] for by in contention):
+            kept_contention.append(cluster_label(held_out.cluster))
+        for form in FORMS:
+            model = Model.from_profile(profile_with(*_form_params(*parts, form)))
+            errors[form][cluster_label(held_out.cluster)] = float(np.sqrt(np.mean(_held_out_errors(model, held_out) ** 2)))
+    candidates = []
+    for form in FORMS:
+        cv = None if form in failed else float(np.sqrt(np.mean(np.square(list(errors[form].values())))))
+        candidates.append(FormCandidate(name=form, contention=_form_params(contention, loss, form)[0],
+                                        loss=_form_params(contention, loss, form)[1], cv_time_log_rms=cv,
+                                        cv_cluster_errors={} if form in failed else errors[form],
+                                        cv_failed=failed.get(form)))
+    scored = [c for c in candidates if c.cv_time_log_rms is not None]
+    chosen = min(scored, key=lambda c: c.cv_time_log_rms).name if scored else "paper"  # min keeps the first on ties
+    free, by = FORMS[chosen]
+    return (FormChoice(chosen=chosen, candidates=candidates, contention_not_held_out=kept_contention),
+            {"contention": contention[by], "loss": loss[free]})
+
+
 # ---------------------------------------------------------------- the whole profile
 
 
 def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_measurements: Sequence[ClusterMeasurement],
                 *, quotas: dict[str, int] | None = None, default_quota: int = 8, pcie_bandwidth_mbps: float = LOCAL_PCIE_MBPS,
                 num_ps: int = 1, max_nfev: int | None = None, extra: dict | None = None) -> FittedProfile:
-    """A contract profile (shared/contracts/profile.md) from single-type and cluster measurements."""
+    """A contract profile (docs/formats.md) from single-type and cluster measurements, in the
+    form of the model (choose_form) that predicts held-out clusters best, with that form's
+    held-out error spread as the profile's `uncertainty`."""
     if not measurements:
         raise ProfilingError("no instance types were profiled")
     sizes = {m.param_mb for m in measurements}
@@ -283,22 +422,22 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
         raise ProfilingError(f"the profiled clusters ran with different PS bandwidths {sorted(bps_values)}")
     bps = bps_values.pop() / num_ps
 
-    rows_n, rows_comm, rows_g, series = [], [], [], []
     top, bottom = loss_band([c.losses for c in cluster_measurements])
     for c in cluster_measurements:
         unknown = set(c.cluster) - set(by_type)
         if unknown:
             raise ProfilingError(f"cluster {c.cluster} uses types not profiled alone: {sorted(unknown)}")
-        for w in c.workers:
-            rows_n.append(c.n)
-            rows_comm.append(w.comm_time_s)
-            rows_g.append(by_type[w.type].gpus)
-        bw, cc = cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers])
+    loads = ps_loads(cluster_measurements, {t: m.iteration_time_s for t, m in by_type.items()})
+    profiled = []
+    for c, load in zip(cluster_measurements, loads):
+        times_s = [w.iteration_time_s for w in c.workers]
+        bw, cc = cluster_shape([w.batch for w in c.workers], times_s)
         j, levels = crossings(c.losses, top, bottom)
-        series.append(LossSeries(bw, cc, c.n, j, levels))
-    contention = fit_contention(rows_n, rows_comm, rows_g, param_mb=param_mb, breq_mbps=breq, bps_mbps=bps,
-                                pcie_mbps=pcie_bandwidth_mbps, max_nfev=max_nfev)
-    loss = fit_loss_curve(series, max_nfev=max_nfev)
+        profiled.append(ProfiledCluster(
+            cluster=c.cluster, series=LossSeries(bw, cc, c.n, j, levels), loads=load,
+            types=tuple(w.type for w in c.workers), compute_s=np.array([w.compute_time_s for w in c.workers]),
+            comm_s=np.array([w.comm_time_s for w in c.workers]),
+            gpus=np.array([by_type[w.type].gpus for w in c.workers], dtype=float)))
 
     instances = []
     for m in measurements:
@@ -314,12 +453,20 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
             "alpha2": m.alpha2, "beta2": m.beta2, "max_batch_per_gpu": m.max_batch_per_gpu,
             "memory_device": m.memory_device,
         })
-    data = {
-        "workload": workload, "param_mb": param_mb, "required_bandwidth_mbps": breq, "ps_bandwidth_mbps": bps,
-        "pcie_bandwidth_mbps": pcie_bandwidth_mbps, "num_ps": num_ps,
-        "contention": contention.params, "loss": loss.params, "instances": instances,
-        "fit_quality": {q.name: {"r2": q.r2, "rmse": q.rmse, "n_points": q.n_points} for q in (contention, loss)},
-        **(extra or {}),
-    }
-    return FittedProfile(profile_from_dict(data, source=f"fitted profile of {workload}"),
-                         {"contention": contention, "loss": loss})
+    base = {"workload": workload, "param_mb": param_mb, "required_bandwidth_mbps": breq, "ps_bandwidth_mbps": bps,
+            "pcie_bandwidth_mbps": pcie_bandwidth_mbps, "num_ps": num_ps, "instances": instances}
+
+    def profile_with(contention: dict, loss: dict, **more) -> Profile:
+        return profile_from_dict({**base, "contention": contention, "loss": loss, **more},
+                                 source=f"fitted profile of {workload}")
+
+    form, quality = choose_form(profiled, profile_with,
+                                dict(param_mb=param_mb, breq_mbps=breq, bps_mbps=bps, pcie_mbps=pcie_bandwidth_mbps),
+                                max_nfev)
+    chosen = form.candidate(form.chosen)
+    spread = chosen.cv_time_log_rms
+    summary = {q.name: {"r2": q.r2, "rmse": q.rmse, "n_points": q.n_points} for q in quality.values()}
+    summary["form"] = {"chosen": form.chosen, "cv_time_log_rms": {c.name: c.cv_time_log_rms for c in form.candidates}}
+    profile = profile_with(chosen.contention, chosen.loss, fit_quality=summary, **(extra or {}),
+                           **({} if spread is None else {"uncertainty": {"time_log_sd": spread, "method": form.method}}))
+    return FittedProfile(profile, quality, form)

@@ -1,7 +1,7 @@
 """What profiling measures, as plain pydantic records (units in the names; MB = 1e6 bytes).
 
 The runtime and the emulated network speak megabits per second; the model and the profile speak
-megabytes per second (shared/contracts/profile.md). `megabits_to_mbps` converts one to the other.
+megabytes per second (docs/formats.md). `megabits_to_mbps` converts one to the other.
 """
 from __future__ import annotations
 

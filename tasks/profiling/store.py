@@ -106,6 +106,8 @@ def save_profile(fitted: FittedProfile, raw: RawMeasurements, directory: str | P
         data = profile.model_dump()
         data["provenance"] = provenance_info or {}
         data["fit"] = {name: q.model_dump() for name, q in fitted.quality.items()}
+        if fitted.form is not None:
+            data["fit"]["form"] = fitted.form.model_dump()
         atomic_write_json(staging / "profile.json", data)
         for name, frame in raw_frames(raw).items():
             frame.to_csv(staging / name, index=False)

@@ -13,7 +13,10 @@ provider's overhead, reported separately (start_skew_s), not the model's to pred
 
 The error is split in two: `speed_time_error` replays the OBSERVED iterations on the predicted
 iteration times (the speed and contention model alone); `time_error` uses the predicted iterations
-(speed and loss-curve model together).
+(speed and loss-curve model together). Beside the profile's model (the form its fit chose), the
+same runs score the paper's form fitted on the same clusters (`paper_*`), so what the extensions
+buy is visible, and every run is checked against the profile's interval at `level` (`coverage`:
+the share of runs whose observed time lies inside it).
 
 The model predicts the expected time; one run lands a few percent off it (async update order, data
 sampling: about 2-6% in iterations at the presets' target). With `repeats` > 1 each configuration
@@ -34,8 +37,9 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel
 
+from tasks.intervals import DEFAULT_LEVEL, time_interval_s
 from tasks.model import Model
-from tasks.profile import Profile
+from tasks.profile import Contention, LossCurve, Profile
 from tasks.profiling.measurements import ProfilingError, cluster_label
 from tasks.profiling.runs import check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
@@ -49,12 +53,15 @@ class RunObservation(BaseModel):
     observed_time_s: float
     observed_iterations: int
     predicted_time_s: float
+    paper_time_s: float  # the paper's form, fitted on the same clusters
     baseline_time_s: float
     speed_time_s: float  # the observed iterations on the predicted iteration times
     baseline_speed_time_s: float
     observed_iteration_time_s: float
     start_skew_s: float
     wall_s: float
+    interval_s: tuple[float, float] | None = None  # the profile's interval around predicted_time_s
+    inside: bool | None = None  # observed_time_s within interval_s
 
 
 class ConfigResult(BaseModel):
@@ -68,6 +75,8 @@ class ConfigResult(BaseModel):
     predicted_iteration_time_s: float  # Texp of the model
     observed_iteration_time_s: float  # steady: seconds per update once every worker was in
     predicted_steady_time_s: float  # iterations * Texp, without the start schedule
+    paper_time_s: float
+    paper_time_error: float
     baseline_time_s: float
     baseline_time_error: float
     # the speed model alone: the observed iterations on the predicted iteration times
@@ -85,16 +94,31 @@ class ValidationReport(BaseModel):
     median_time_error: float
     max_time_error: float
     median_iterations_error: float
+    paper_median_time_error: float
+    paper_max_time_error: float
     baseline_median_time_error: float
     baseline_max_time_error: float
     median_speed_time_error: float
     baseline_median_speed_time_error: float
+    form: dict | None  # the profile's model form and every candidate's cross-validation error
+    interval_level: float
+    coverage: float | None  # share of runs inside their interval (None: the profile has no spread)
     wall_s: float
     plot: str | None = None
 
 
 def contention_blind(profile: Profile) -> Model:
     return Model.from_profile(profile.model_copy(update={"ps_bandwidth_mbps": UNLIMITED_MBPS}))
+
+
+def paper_form(profile: Profile) -> Profile:
+    """The profile with the paper's form as its fit recorded it (fit.form's "paper" candidate);
+    the profile itself when its fit recorded no choice of form."""
+    candidates = ((profile.model_extra or {}).get("fit") or {}).get("form", {}).get("candidates", [])
+    paper = next((c for c in candidates if c["name"] == "paper"), None)
+    if paper is None:
+        return profile
+    return profile.model_copy(update={"contention": Contention(**paper["contention"]), "loss": LossCurve(**paper["loss"])})
 
 
 def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_times_s: list[float]) -> float:
@@ -144,7 +168,8 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
     from tasks.runtime.driver import add_workers, start_run, stop_run
 
     cluster = prediction.cluster
-    (model, blind), (model_iterations, blind_iterations) = prediction.models, prediction.iterations
+    models, iterations = prediction.models, prediction.iterations
+    model = models["model"]
     started_s = time.monotonic()
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
                     ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
@@ -173,19 +198,22 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
     offsets = [first_by_worker[w] for w in workers]
     names = list(model.types.names)
 
-    def scheduled(m: Model, iterations: float) -> float:
-        t_i = m.iteration_times_s(np.array(float(len(workers))))
+    def scheduled(name: str, iterations: float) -> float:
+        m = models[name]
+        t_i = m.cluster_iteration_times_s(m.counts_vector(cluster))[0]
         return time_on_schedule(iterations, offsets, [float(t_i[names.index(type_by_worker[w])]) for w in workers])
 
     skew_s = max(offsets)
     steady = [u for u in updates if u["t"] - first_t >= skew_s]
+    observed_s, predicted_s = updates[-1]["t"] - first_t, scheduled("model", iterations["model"])
+    interval_s = None if profile.uncertainty is None else time_interval_s(profile, prediction.level, predicted_s)
     return RunObservation(
-        observed_time_s=updates[-1]["t"] - first_t, observed_iterations=len(updates),
-        predicted_time_s=scheduled(model, model_iterations),
-        baseline_time_s=scheduled(blind, blind_iterations),
-        speed_time_s=scheduled(model, len(updates)), baseline_speed_time_s=scheduled(blind, len(updates)),
+        observed_time_s=observed_s, observed_iterations=len(updates), predicted_time_s=predicted_s,
+        paper_time_s=scheduled("paper", iterations["paper"]), baseline_time_s=scheduled("blind", iterations["blind"]),
+        speed_time_s=scheduled("model", len(updates)), baseline_speed_time_s=scheduled("blind", len(updates)),
         observed_iteration_time_s=(steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1),
-        start_skew_s=skew_s, wall_s=time.monotonic() - started_s,
+        start_skew_s=skew_s, wall_s=time.monotonic() - started_s, interval_s=interval_s,
+        inside=None if interval_s is None else interval_s[0] <= observed_s <= interval_s[1],
     )
 
 
@@ -194,23 +222,28 @@ class ConfigPrediction:
     """What the model and the contention-blind baseline say of one configuration, before it runs."""
 
     cluster: dict[str, int]
-    models: tuple[Model, Model]  # (spotfill model, contention-blind)
-    iterations: tuple[float, float]  # predicted updates to the target, by each
+    models: dict[str, Model]  # "model" (the profile's), "paper" (the paper's form), "blind" (contention-blind)
+    iterations: dict[str, float]  # predicted updates to the target, by each
     iteration_time_s: float  # Texp of the model
     steady_time_s: float  # iterations * Texp, without the start schedule
+    level: float = DEFAULT_LEVEL  # of the interval each run is checked against
 
 
-def predict_config(profile: Profile, cluster: dict[str, int], loss_target: float) -> ConfigPrediction:
+def predict_config(profile: Profile, cluster: dict[str, int], loss_target: float,
+                   level: float = DEFAULT_LEVEL) -> ConfigPrediction:
     profile.loss.require_reachable(loss_target)
-    model, blind = Model.from_profile(profile), contention_blind(profile)
-    counts = model.counts_vector(cluster)
-    predicted = {k: float(v[0]) for k, v in model.evaluate(counts, loss_target).items()}
-    if not np.isfinite(predicted["iterations"]):
-        raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
-                             f"(gamma5 = {profile.loss.gamma5:.4g})")
-    return ConfigPrediction(cluster=cluster, models=(model, blind),
-                            iterations=(predicted["iterations"], float(blind.evaluate(counts, loss_target)["iterations"][0])),
-                            iteration_time_s=predicted["iteration_time_s"], steady_time_s=predicted["time_s"])
+    paper = paper_form(profile)
+    models = {"model": Model.from_profile(profile), "paper": Model.from_profile(paper), "blind": contention_blind(profile)}
+    counts = models["model"].counts_vector(cluster)
+    results = {name: m.evaluate(counts, loss_target) for name, m in models.items()}
+    for name, p in (("model", profile), ("paper", paper)):
+        if not np.isfinite(results[name]["iterations"][0]):
+            raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
+                                 f"(gamma5 = {p.loss.gamma5:.4g})")
+    return ConfigPrediction(cluster=cluster, models=models,
+                            iterations={name: float(r["iterations"][0]) for name, r in results.items()},
+                            iteration_time_s=float(results["model"]["iteration_time_s"][0]),
+                            steady_time_s=float(results["model"]["time_s"][0]), level=level)
 
 
 def score_config(prediction: ConfigPrediction, runs: list[RunObservation]) -> ConfigResult:
@@ -222,10 +255,11 @@ def score_config(prediction: ConfigPrediction, runs: list[RunObservation]) -> Co
     return ConfigResult(
         cluster=prediction.cluster, predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
         time_error=_relative(mean("predicted_time_s"), observed_time_s),
-        predicted_iterations=prediction.iterations[0], observed_iterations=mean("observed_iterations"),
-        iterations_error=_relative(prediction.iterations[0], mean("observed_iterations")),
+        predicted_iterations=prediction.iterations["model"], observed_iterations=mean("observed_iterations"),
+        iterations_error=_relative(prediction.iterations["model"], mean("observed_iterations")),
         predicted_iteration_time_s=prediction.iteration_time_s,
         observed_iteration_time_s=mean("observed_iteration_time_s"), predicted_steady_time_s=prediction.steady_time_s,
+        paper_time_s=mean("paper_time_s"), paper_time_error=_relative(mean("paper_time_s"), observed_time_s),
         baseline_time_s=mean("baseline_time_s"), baseline_time_error=_relative(mean("baseline_time_s"), observed_time_s),
         speed_time_error=_relative(mean("speed_time_s"), observed_time_s),
         baseline_speed_time_error=_relative(mean("baseline_speed_time_s"), observed_time_s),
@@ -237,6 +271,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
                      loss_target: float, *, run_id: str | None = None, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, parallel: int = 1, repeats: int = 1,
                      timeout_s: float = 600.0, fitted_clusters: list[dict[str, int]] | None = None, plot_path: Path | None = None,
+                     level: float = DEFAULT_LEVEL,
                      on_run: Callable[[dict[str, int], RunObservation], None] | None = None) -> ValidationReport:
     """Run every configuration to the loss target `repeats` times and score the model. The runs go
     in rounds, every configuration once per round (`parallel` of them at a time), so a slow spell
@@ -249,7 +284,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
     held_in = [c for c in configs if fitted_clusters and _same(c, fitted_clusters)]
     if held_in:
         raise ProfilingError(f"validation configuration {held_in[0]} was used for fitting; validate on held-out ones")
-    predictions = [predict_config(profile, cluster, loss_target) for cluster in configs]  # fails before any run
+    predictions = [predict_config(profile, cluster, loss_target, level) for cluster in configs]  # fails before any run
     started_s = time.monotonic()
     run_id = run_id or fresh_run_id("validate")
 
@@ -272,15 +307,24 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
         median_time_error=statistics.median(r.time_error for r in results),
         max_time_error=max(r.time_error for r in results),
         median_iterations_error=statistics.median(r.iterations_error for r in results),
+        paper_median_time_error=statistics.median(r.paper_time_error for r in results),
+        paper_max_time_error=max(r.paper_time_error for r in results),
         baseline_median_time_error=statistics.median(r.baseline_time_error for r in results),
         baseline_max_time_error=max(r.baseline_time_error for r in results),
         median_speed_time_error=statistics.median(r.speed_time_error for r in results),
         baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
-        wall_s=time.monotonic() - started_s,
+        form=((profile.model_extra or {}).get("fit_quality") or {}).get("form"), interval_level=level,
+        coverage=coverage(results), wall_s=time.monotonic() - started_s,
     )
     if plot_path is not None:
         report.plot = str(plot_validation(report, plot_path))
     return report
+
+
+def coverage(results: list[ConfigResult]) -> float | None:
+    """The share of runs whose observed time lies inside their interval (None without intervals)."""
+    checked = [run.inside for r in results for run in r.runs if run.inside is not None]
+    return statistics.fmean(checked) if checked else None
 
 
 def _same(cluster: dict[str, int], others: list[dict[str, int]]) -> bool:
@@ -305,17 +349,19 @@ def plot_validation(report: ValidationReport, path: Path) -> Path:
     observed = np.array([r.observed_time_s for r in configs])
     predicted = np.array([r.predicted_time_s for r in configs])
     baseline = np.array([r.baseline_time_s for r in configs])
+    paper = np.array([r.paper_time_s for r in configs])
     run_times = [[run.observed_time_s for run in r.runs] for r in configs]
     spread = np.array([[o - min(t) for o, t in zip(observed, run_times)], [max(t) - o for o, t in zip(observed, run_times)]])
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
 
-    low = 0.85 * min(observed.min(), predicted.min(), baseline.min())
-    high = 1.1 * max(observed.max(), predicted.max(), baseline.max())
+    low = 0.85 * min(observed.min(), predicted.min(), baseline.min(), paper.min())
+    high = 1.1 * max(observed.max(), predicted.max(), baseline.max(), paper.max())
     line = np.array([low, high])
     ax.plot(line, line, color="grey", lw=0.8, label="predicted = observed")
     ax.fill_between(line, 0.9 * line, 1.1 * line, color="grey", alpha=0.12, label="within 10%")
     ax.errorbar(observed, predicted, xerr=spread, fmt="o", color="C0", capsize=2, zorder=3,
                 label="spotfill model (runs' range)")
+    ax.scatter(observed, paper, marker="+", color="C2", zorder=3, label="paper's form")
     ax.scatter(observed, baseline, marker="x", color="C1", zorder=3, label="contention-blind")
     for r, x, y in zip(configs, observed, predicted):
         ax.annotate(cluster_label(r.cluster, short=True), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")

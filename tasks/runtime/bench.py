@@ -1,32 +1,62 @@
 """`spotfill bench runtime`: what the runtime costs and how it scales, measured on this machine.
 
-1. Overhead: one runtime worker (the real worker loop against a PS process over gloo; no
-   shaping, no padding) against a plain single-process training loop (forward, backward,
-   optimizer step), same model (ResNet-20, width 16), same batch, one thread each, alternating in
-   short rounds in the same run (the machine is shared, its load changes by the second):
-   samples/s = batch / median step time, overhead_ratio = runtime samples/s / plain samples/s
-   (medians resist other processes' load spikes; the ratios of total times and of the fastest
-   steps, timeit's rule for noisy machines, are reported too).
-2. Throughput against the number of workers, 1..8 (--quick: 1, 2, 4, 8), in one elastic run on
-   the local provider: workers are added (none restarted); once all have joined and warmed up,
-   the cluster's accepted samples are counted over a window (10 s; --quick 3 s). Workers emulate an instance whose compute takes
-   `reference_compute_s` (the measured compute is padded to it, so this 2-core machine is not the
-   bottleneck) and the PS's bandwidth is capped at `ps_bandwidth_mbps` by the shared token bucket,
-   so throughput grows, then bends where the PS link saturates. Plot: artifacts/bench-runtime/
-   throughput_vs_workers.png (measured; linear scaling of the 1-worker rate; the PS cap,
-   ps_bandwidth / (2 x parameter bytes) x batch).
+1. Overhead, case by case: one runtime worker (the real worker loop, in this process, against PS
+   processes over gloo; no shaping, no padding) against a plain single-process training loop
+   (forward, backward, optimizer step) of the same workload, batch, optimizer and device,
+   alternating in short rounds in the same run (a shared machine's load changes by the second).
+   Cases: the tiny one (ResNet-20 width 16), ResNet-110 and a 25M-parameter transformer LM, at
+   sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (RESNET110_GPU_BATCH,
+   TRANSFORMER_GPU). Per case: plain and runtime samples/s (median step times) and their ratio;
+   the worker's compute phase against the plain step; push + pull, its effective GB/s (2 x the
+   vector's bytes / push+pull time) against a raw gloo round trip of the same bytes between two
+   processes on this machine (the loopback's rate); the PS's apply time per MB (telemetry).
+2. Throughput against the number of workers, 1..8 (--quick: 1, 4, 8), with k = 1 and k = 2 PS
+   shards, each an elastic run on the local provider: workers are added (none restarted); once all
+   have joined and warmed up, the cluster's accepted samples are counted over a window (10 s;
+   --quick 3 s). Workers emulate an instance whose compute takes `reference_compute_s` (the
+   measured compute is padded to it, so this 2-core machine is not the bottleneck) and each PS
+   shard's bandwidth is capped at `ps_bandwidth_mbps` by its token bucket, so throughput grows,
+   then bends where the PS links saturate: at k x the one-PS cap with k shards (the planner's
+   k x Bps). Plot: artifacts/bench-runtime/throughput_vs_workers.png.
+
+`run_runtime_bench(device, quick)` returns the whole result as a dict (for `spotfill bench gpu`);
+nothing here imports prefect or boto3.
 """
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.providers.local import REPO, LocalProvider
 from tasks.runtime import driver
 from tasks.runtime.telemetry import read_records
 
-OVERHEAD_WORKLOAD, OVERHEAD_OPTIONS, OVERHEAD_BATCH = "resnet20", {"width": 16}, 32
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    workload: str
+    options: dict
+    batch: int
+
+
+TINY = Case("tiny: resnet20 width 16", "resnet20", {"width": 16}, 32)
+CPU_CASES = (
+    TINY,
+    Case("resnet110, batch 16", "resnet110", {"width": 16}, 16),
+    Case("transformer-lm 25M (d_model 512, 8 layers, seq 32), batch 2", "transformer-lm",
+         {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2),
+)
+GPU_CASES = (
+    TINY,
+    Case("resnet110, batch 128", "resnet110", {"width": 16}, 128),
+    Case("transformer-lm 25M (d_model 512, 8 layers, seq 128), batch 32", "transformer-lm",
+         {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32),
+)
 SCALING_WORKLOAD, SCALING_OPTIONS, SCALING_BATCH = "resnet20", {"width": 8}, 8
 REFERENCE_COMPUTE_S = 0.6
 PS_BANDWIDTH_MBPS = 30.0
@@ -54,21 +84,43 @@ class _StepClock:
         self.comm_end_s[step] = time.monotonic()
 
 
-def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], list[float]]:
-    """Per-step seconds of the plain loop and of the runtime worker. The machine is shared and its
-    load changes by the second, so the two alternate: each round runs `steps` plain steps, then
-    the real worker loop (in this process, against a PS process over gloo) for `steps` steps; the
-    first step of each is warm-up and not counted. A runtime step is compute + push + pull, from
-    one step's end of communication to the next."""
+def plain_loop(case: Case, device: str):
+    """Plain single-process training on `device`, one step per `next()`: the baseline. Batches
+    come the way the worker gets them (worker.device_batches)."""
+    import torch
+
+    from tasks.runtime.worker import device_batches
+    from tasks.runtime.workloads import build_workload
+
+    workload = build_workload(case.workload, case.options)
+    model = workload.model.to(device)
+    optimizer = workload.make_optimizer(model.parameters())
+    for group in optimizer.param_groups:
+        group["lr"] = workload.lr_for_batch(case.batch)
+    batches = device_batches(workload.batches(case.batch, 1), torch.device(device))
+    while True:
+        inputs, targets = next(batches)
+        loss = workload.loss_fn(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        yield loss.item()
+
+
+def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str = "cpu") -> dict:
+    """Per-step seconds of the plain loop and of the runtime worker, and the PS's telemetry. The
+    two alternate: each round runs `steps` plain steps, then the real worker loop for `steps`
+    steps; the first step of each is warm-up and not counted. A runtime step is compute + push +
+    pull, from one step's end of communication to the next."""
     import torch
 
     from tasks.runtime.worker import WorkerConfig, run_worker
-    from tasks.runtime.workloads import build_workload
 
     torch.set_num_threads(1)
-    plain = build_workload(OVERHEAD_WORKLOAD, OVERHEAD_OPTIONS).plain_steps(OVERHEAD_BATCH)
+    plain = plain_loop(case, device)
     provider = LocalProvider(artifacts, bandwidth_scale=None)
-    run = driver.start_run(provider, "overhead", OVERHEAD_WORKLOAD, workload_options=OVERHEAD_OPTIONS,
+    run_id = f"overhead-{case.workload}-b{case.batch}"
+    run = driver.start_run(provider, run_id, case.workload, workload_options=case.options,
                            ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
     host, port = run.ps_address.rsplit(":", 1)
     plain_step_s: list[float] = []
@@ -81,25 +133,95 @@ def overhead(artifacts: Path, rounds: int, steps: int) -> tuple[list[float], lis
                 ends.append(time.monotonic())
             plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
             clock = _StepClock()
-            run_worker(WorkerConfig(host, int(port), OVERHEAD_WORKLOAD, OVERHEAD_BATCH, OVERHEAD_OPTIONS,
+            run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
                                     instance_type=WORKER_TYPE, max_steps=steps + 1), listener=clock)
             runtime_step_s += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
         driver.stop_run(run)
     finally:
         provider.cleanup(run.run_id)
-    return plain_step_s, runtime_step_s
+    updates = [r for r in read_records(run.run_dir) if r["kind"] == "update" and r["comm_s"] is not None]
+    return {"plain_step_s": plain_step_s, "runtime_step_s": runtime_step_s, "updates": updates}
 
 
-def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float) -> tuple[dict[str, float], float]:
+def loopback_gbps(nbytes: int, repeats: int = 5) -> float:
+    """The machine's own rate for a transfer of `nbytes`: raw gloo round trips of one tensor between
+    this process and a child echoing it back, 2 x nbytes / median round trip, in GB/s."""
+    import datetime
+
+    import torch
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    from tasks.runtime import wire
+
+    port = driver.free_port()
+    store = wire.host_store(port, 60)
+    numel = max(1, nbytes // 4)
+    child = subprocess.Popen([sys.executable, "-c", f"from tasks.runtime.bench import echo; echo({port}, {numel}, {repeats + 1})"],
+                             cwd=REPO)
+    try:
+        group = ProcessGroupGloo(PrefixStore("loopback/", store), 0, 2, datetime.timedelta(seconds=60))
+        x = torch.ones(numel)
+        round_trips = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            group.send([x], 1, 0).wait()
+            group.recv([x], 1, 0).wait()
+            round_trips.append(time.perf_counter() - start)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    return 2 * numel * 4 / statistics.median(round_trips[1:]) / 1e9
+
+
+def echo(port: int, numel: int, repeats: int) -> None:
+    """The child of loopback_gbps: receive the tensor and send it back, `repeats` times."""
+    import datetime
+
+    import torch
+    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    group = ProcessGroupGloo(PrefixStore("loopback/", store), 1, 2, datetime.timedelta(seconds=60))
+    x = torch.empty(numel)
+    for _ in range(repeats):
+        group.recv([x], 0, 0).wait()
+        group.send([x], 0, 0).wait()
+
+
+def case_result(case: Case, measured: dict, vector_mb: float, loopback: float) -> dict:
+    """One case's row: rates, their ratio, where a runtime step goes, the link against loopback."""
+    plain_s, runtime_s, updates = measured["plain_step_s"], measured["runtime_step_s"], measured["updates"]
+    comm_s = statistics.median(r["comm_s"] for r in updates)
+    return {
+        "case": case.label,
+        "vector_mb": vector_mb,
+        "plain_samples_per_s": case.batch / statistics.median(plain_s),
+        "runtime_samples_per_s": case.batch / statistics.median(runtime_s),
+        "ratio": statistics.median(plain_s) / statistics.median(runtime_s),
+        "ratio_of_totals": sum(plain_s) / sum(runtime_s),
+        "steps_each": len(plain_s),
+        "plain_step_s": statistics.median(plain_s),
+        "worker_compute_s": statistics.median(r["compute_s"] for r in updates),
+        "compute_over_plain_step": statistics.median(r["compute_s"] for r in updates) / statistics.median(plain_s),
+        "push_pull_s": comm_s,
+        "push_pull_gbps": 2 * vector_mb / 1e3 / comm_s,
+        "loopback_gbps": loopback,
+        "push_pull_over_loopback": 2 * vector_mb / 1e3 / comm_s / loopback,
+        "ps_apply_ms_per_mb": statistics.median(r["apply_ms_per_mb"] for r in updates),
+    }
+
+
+def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float, num_ps: int = 1) -> tuple[dict[str, float], float]:
     """Samples/s of the cluster at each worker count (ascending; workers are added to reach the
-    next count, launched together), and the parameter megabytes moved per push (and per pull)."""
+    next count, launched together) with `num_ps` PS shards, and the parameter megabytes moved per
+    push (and per pull)."""
     from tasks.runtime import wire
     from tasks.runtime.workloads import build_workload
 
     param_mb = wire.flat_size(build_workload(SCALING_WORKLOAD, SCALING_OPTIONS).model) * 4 / 1e6
     provider = LocalProvider(artifacts, reference_compute_s=REFERENCE_COMPUTE_S, bandwidth_scale=None)
-    run = driver.start_run(provider, "scaling", SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
-                           ps_type=WORKER_TYPE, ps_mbps=PS_BANDWIDTH_MBPS, checkpoint_every_s=3600.0)
+    run = driver.start_run(provider, f"scaling-k{num_ps}", SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
+                           ps_type=WORKER_TYPE, ps_mbps=PS_BANDWIDTH_MBPS, checkpoint_every_s=3600.0, num_ps=num_ps)
     result: dict[str, float] = {}
     try:
         for n in counts:
@@ -125,18 +247,20 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workers = [int(n) for n in result["throughput_by_workers"]]
-    measured = list(result["throughput_by_workers"].values())
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(workers, measured, "o-", label="measured (local provider)")
-    ax.plot(workers, [measured[0] * n for n in workers], ":", color="grey", label="linear in the 1-worker rate")
-    ax.axhline(result["ps_cap_samples_per_s"], color="red", linestyle="--",
-               label=f"PS cap: {result['ps_bandwidth_mbps']:g} Mbps / (2 x {result['param_mb']:.2f} MB)")
+    top = 0.0
+    for k, curve in result["throughput_by_workers"].items():
+        workers = [int(n) for n in curve]
+        measured = list(curve.values())
+        ax.plot(workers, measured, "o-", label=f"measured, k = {k} PS")
+        cap = int(k) * result["ps_cap_samples_per_s"]
+        ax.axhline(cap, linestyle="--", color="red" if k == "1" else "purple", label=f"cap of {k} PS")
+        top = max(top, max(measured), cap)
     ax.set_xlabel("workers")
     ax.set_ylabel("samples / s")
-    ax.set_ylim(0, max(max(measured), result["ps_cap_samples_per_s"]) * 1.3)
+    ax.set_ylim(0, top * 1.2)
     ax.set_title(f"{SCALING_WORKLOAD} (width {SCALING_OPTIONS['width']}), batch {SCALING_BATCH}, "
-                 f"compute {REFERENCE_COMPUTE_S:g} s")
+                 f"compute {REFERENCE_COMPUTE_S:g} s, {result['ps_bandwidth_mbps']:g} Mbps a PS")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,53 +268,60 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_bench(quick: bool) -> dict:
+def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = True) -> dict:
+    """The whole benchmark as a dict: the overhead cases for `device` ("cpu" or "cuda") and, with
+    `scaling`, the throughput curves with k = 1 and k = 2 PS shards."""
+    from tasks.runtime import wire
+    from tasks.runtime.workloads import build_workload
+
     artifacts = REPO / "artifacts" / "bench-runtime"
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    runs = artifacts / stamp
-    plain_step_s, runtime_step_s = overhead(runs, rounds=8 if quick else 20, steps=3)
-    plain, runtime = OVERHEAD_BATCH / statistics.median(plain_step_s), OVERHEAD_BATCH / statistics.median(runtime_step_s)
-    updates = [r for r in read_records(runs / "overhead") if r["kind"] == "update" and r["comm_s"] is not None]
-    counts = [1, 2, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
-    by_workers, param_mb = throughput_by_workers(runs, counts, window_s=3.0 if quick else 10.0)
-    result = {
-        "overhead_ratio": runtime / plain,
-        "overhead_ratio_of_totals": sum(plain_step_s) / sum(runtime_step_s),
-        "overhead_ratio_of_fastest": min(plain_step_s) / min(runtime_step_s),  # timeit's rule
-        "overhead_steps_each": len(plain_step_s),
-        # where a runtime step goes (worker telemetry) against a plain step, medians in seconds
-        "plain_step_s_median": statistics.median(plain_step_s),
-        "runtime_compute_s_median": statistics.median(r["compute_s"] for r in updates),
-        "runtime_comm_s_median": statistics.median(r["comm_s"] for r in updates),
-        "plain_samples_per_s": plain,
-        "runtime_one_worker_samples_per_s": runtime,
-        "overhead_workload": f"{OVERHEAD_WORKLOAD} width {OVERHEAD_OPTIONS['width']}, batch {OVERHEAD_BATCH}",
-        "throughput_by_workers": by_workers,
-        "ps_bandwidth_mbps": PS_BANDWIDTH_MBPS,
-        "param_mb": param_mb,
-        "ps_cap_samples_per_s": PS_BANDWIDTH_MBPS / 8 / (2 * param_mb) * SCALING_BATCH,
-        "scaling_workload": f"{SCALING_WORKLOAD} width {SCALING_OPTIONS['width']}, batch {SCALING_BATCH}",
-        "reference_compute_s": REFERENCE_COMPUTE_S,
-        "quick": quick,
-        "run_dir": str(runs),
-    }
-    result["plot"] = str(artifacts / "throughput_vs_workers.png")
-    plot(result, Path(result["plot"]))
+    runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
+    cases = []
+    for case in GPU_CASES if device == "cuda" else CPU_CASES:
+        vector_mb = wire.flat_size(build_workload(case.workload, case.options).model) * 4 / 1e6
+        rounds = 3 if case is not TINY else (8 if quick else 20)
+        measured = overhead(runs, case, rounds=rounds if not quick or case is TINY else 2, steps=3, device=device)
+        cases.append(case_result(case, measured, vector_mb, loopback_gbps(int(vector_mb * 1e6))))
+    result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
+    if scaling:
+        counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
+        curves = {}
+        for k in (1, 2):
+            curves[str(k)], param_mb = throughput_by_workers(runs, counts, window_s=3.0 if quick else 10.0, num_ps=k)
+        result.update({
+            "throughput_by_workers": curves,
+            "ps_bandwidth_mbps": PS_BANDWIDTH_MBPS,
+            "param_mb": param_mb,
+            "ps_cap_samples_per_s": PS_BANDWIDTH_MBPS / 8 / (2 * param_mb) * SCALING_BATCH,
+            "scaling_workload": f"{SCALING_WORKLOAD} width {SCALING_OPTIONS['width']}, batch {SCALING_BATCH}",
+            "reference_compute_s": REFERENCE_COMPUTE_S,
+            "k2_over_k1_at_max_workers": curves["2"][str(counts[-1])] / curves["1"][str(counts[-1])],
+        })
+        result["plot"] = str(artifacts / "throughput_vs_workers.png")
+        plot(result, Path(result["plot"]))
     return result
 
 
+def run_bench(quick: bool) -> dict:
+    import torch
+
+    return run_runtime_bench("cuda" if torch.cuda.is_available() else "cpu", quick)
+
+
 def format_table(result: dict) -> str:
-    lines = [
-        f"overhead ({result['overhead_workload']}): runtime 1 worker {result['runtime_one_worker_samples_per_s']:.1f} "
-        f"samples/s / plain loop {result['plain_samples_per_s']:.1f} = {result['overhead_ratio']:.3f} "
-        f"(median step times, {result['overhead_steps_each']} steps each; of total times "
-        f"{result['overhead_ratio_of_totals']:.3f}; of the fastest steps {result['overhead_ratio_of_fastest']:.3f})",
-        f"  median seconds: plain step {result['plain_step_s_median']:.4f}; runtime compute "
-        f"{result['runtime_compute_s_median']:.4f} + push/pull {result['runtime_comm_s_median']:.4f}",
-        f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
-        f"PS cap {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):",
-        "  workers  samples/s",
-    ]
-    lines += [f"  {n:>7}  {v:9.1f}" for n, v in result["throughput_by_workers"].items()]
-    lines.append(f"plot: {result['plot']}")
+    lines = [f"overhead on {result['device']}: one runtime worker against a plain loop (median step times)",
+             "  case | plain samples/s | runtime samples/s | ratio | compute / plain step | push+pull s | GB/s "
+             "(loopback GB/s) | PS apply ms/MB"]
+    for c in result["cases"]:
+        lines.append(
+            f"  {c['case']} ({c['vector_mb']:.1f} MB) | {c['plain_samples_per_s']:.2f} | {c['runtime_samples_per_s']:.2f} | "
+            f"{c['ratio']:.3f} | {c['worker_compute_s']:.4f} / {c['plain_step_s']:.4f} = {c['compute_over_plain_step']:.3f} | "
+            f"{c['push_pull_s']:.4f} | {c['push_pull_gbps']:.2f} ({c['loopback_gbps']:.2f}) | {c['ps_apply_ms_per_mb']:.2f}")
+    if "throughput_by_workers" in result:
+        lines.append(f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
+                     f"each PS capped at {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):")
+        lines.append("  workers  " + "  ".join(f"k={k} samples/s" for k in result["throughput_by_workers"]))
+        for n in result["throughput_by_workers"]["1"]:
+            lines.append(f"  {n:>7}  " + "  ".join(f"{curve[n]:15.1f}" for curve in result["throughput_by_workers"].values()))
+        lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)

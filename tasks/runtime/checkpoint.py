@@ -40,14 +40,23 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint whose payload holds more than tensors and plain data (it could run code)."""
 
 
-def save_checkpoint(directory: Path, version: int, state: dict) -> Path:
-    """Write `state` as the checkpoint of `version`; prune all but the newest KEEP."""
+def path_of(directory: Path, version: int) -> Path:
+    return directory / f"ckpt-{version:09d}.pt"
+
+
+def number_of(path: Path) -> int:
+    """The version (or, for a sharded PS, the epoch) a checkpoint file is named after."""
+    return int(_NAME.match(path.name).group(1))
+
+
+def save_checkpoint(directory: Path, version: int, state: dict, keep: int = KEEP) -> Path:
+    """Write `state` as the checkpoint of `version`; prune all but the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
     digest = hashlib.sha256(payload).hexdigest().encode()
-    path = directory / f"ckpt-{version:09d}.pt"
+    path = path_of(directory, version)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ckpt-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -60,7 +69,7 @@ def save_checkpoint(directory: Path, version: int, state: dict) -> Path:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
-    for old in list_checkpoints(directory)[:-KEEP]:
+    for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 

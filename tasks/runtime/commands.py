@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
-    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
+    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap (each shard's)")
+    p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
     p.add_argument("--bandwidth-scale", type=positive_float, default=None,
                    help="shape each worker's traffic to its type's network bandwidth times this")
     p.add_argument("--reference-compute-s", type=positive_float, default=None,
@@ -78,7 +79,7 @@ def _train(args: argparse.Namespace) -> int:
     checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
     started_s = time.monotonic()
     run = driver.start_run(provider, run_id, args.workload, workload_options=options,
-                           ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s,
+                           ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,
                            max_updates=args.max_updates, target_loss=args.target_loss)
     try:
         for instance_type, n in args.workers.items():

@@ -20,6 +20,7 @@ from typing import Callable
 
 from tasks.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
+from tasks.runtime.cuts import shard_dir
 from tasks.runtime.ps import READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
 from tasks.runtime.workloads import build_workload
@@ -30,12 +31,13 @@ class TrainingRun:
     run_id: str
     run_dir: Path
     provider: Provider
-    ps_address: str  # host:port workers connect to
-    ps_instance: Instance
+    ps_address: str  # host:port workers connect to (host:port,... for the shards of a sharded PS)
+    ps_instance: Instance  # shard 0's
     workload: str
     workload_options: dict = field(default_factory=dict)
     ps_settings: dict = field(default_factory=dict)  # start_run's PS keyword arguments, for restarts
     reader: TelemetryReader | None = None
+    ps_instances: list[Instance] = field(default_factory=list)  # every shard's, in shard order
 
     def progress(self) -> ClusterProgress:
         """Cluster totals so far: samples, updates, smoothed loss, per-worker step times."""
@@ -56,10 +58,11 @@ def _option_args(options: dict) -> list[str]:
 
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
-               max_updates: int | None = None, target_loss: float | None = None) -> Startup:
+               max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
+               num_ps: int = 1) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
-            "--checkpoint-every-s", repr(checkpoint_every_s)]
+            "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss)):
         if value is not None:
@@ -71,47 +74,68 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               run_dir: Path | None = None, ps_type: str | None = None, port: int | None = None,
               ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
-              target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0) -> TrainingRun:
-    """Start the PS as an on-demand instance and wait until it listens. A run directory holding
+              target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
+              num_ps: int = 1, ports: list[int] | None = None) -> TrainingRun:
+    """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
+    parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
-    are idempotent per plan id) and the old port, so the workers find it again."""
+    are idempotent per plan id) and the old ports, so the workers find them again."""
     workload_options = workload_options or {}
     build_workload(workload, workload_options)  # a bad name fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
+    if num_ps <= 0:
+        raise UserInputError(f"num_ps must be positive, got {num_ps}")
     run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / READY_FILE).unlink(missing_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
-    port = port or free_port()
+    ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
-    startup = ps_startup(run_dir, port, workload, workload_options, ps_mbps=ps_mbps,
-                         checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
-                         max_updates=max_updates, target_loss=target_loss)
-    launched = provider.launch(run_id, plan_id, ps_type, 1, role="ps", market="on-demand", startup=startup)
-    ps_instance = launched.instances[0]
+    instances = []
+    for shard in range(num_ps):
+        (shard_dir(run_dir, shard) / READY_FILE).unlink(missing_ok=True)
+        startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
+                             checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
+                             max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps)
+        shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
+        instances += provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup).instances
     deadline_s = time.monotonic() + ready_timeout_s
-    while not (run_dir / READY_FILE).exists():
-        if not any(i.instance_id == ps_instance.instance_id for i in provider.describe(run_id)):
-            raise RuntimeError(f"the parameter server exited during start-up; see {run_dir}/logs/")
-        if time.monotonic() > deadline_s:
-            provider.terminate([ps_instance.instance_id])
-            raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
-        time.sleep(0.05)
+    for shard, instance in enumerate(instances):
+        while not (shard_dir(run_dir, shard) / READY_FILE).exists():
+            if not any(i.instance_id == instance.instance_id for i in provider.describe(run_id)):
+                provider.terminate([i.instance_id for i in instances])
+                raise RuntimeError(f"the parameter server exited during start-up; see {run_dir}/logs/")
+            if time.monotonic() > deadline_s:
+                provider.terminate([i.instance_id for i in instances])
+                raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
+            time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss)
-    return TrainingRun(run_id, run_dir, provider, f"{ps_instance.address}:{port}", ps_instance,
-                       workload, workload_options, settings)
+                    target_loss=target_loss, num_ps=num_ps)
+    address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
+    return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
+                       ps_instances=instances)
 
 
-def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0) -> TrainingRun:
-    """Start a new PS for a run whose PS died: same run directory (it resumes from the newest good
-    checkpoint), same port (the workers rejoin by themselves), same settings; `plan_id` must be
-    new (launches are idempotent per plan id)."""
-    port = int(run.ps_address.rsplit(":", 1)[1])
+def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0, stop_timeout_s: float = 60.0) -> TrainingRun:
+    """Start a new PS for a run whose PS (or one of its shards) died: same run directory (it
+    resumes from the newest good checkpoint; shards from the newest cut they all have, so the
+    shards still alive are stopped first and roll back with the restarted one), same ports (the
+    workers rejoin by themselves), same settings; `plan_id` must be new (launches are idempotent
+    per plan id)."""
+    shards = run.ps_instances or [run.ps_instance]
+    alive = {i.instance_id for i in run.provider.describe(run.run_id)}
+    survivors = [i.instance_id for i in shards if i.instance_id in alive]
+    if survivors:
+        run.provider.terminate(survivors)
+        deadline_s = time.monotonic() + stop_timeout_s
+        while {i.instance_id for i in run.provider.describe(run.run_id)} & set(survivors):
+            if time.monotonic() > deadline_s:
+                raise TimeoutError(f"run {run.run_id}: the surviving PS shards did not stop within {stop_timeout_s:g} s")
+            time.sleep(0.05)
+    ports = [int(address.rsplit(":", 1)[1]) for address in run.ps_address.split(",")]
     return start_run(run.provider, run.run_id, run.workload, workload_options=run.workload_options,
-                     run_dir=run.run_dir, port=port, plan_id=plan_id, ready_timeout_s=ready_timeout_s,
+                     run_dir=run.run_dir, ports=ports, plan_id=plan_id, ready_timeout_s=ready_timeout_s,
                      **run.ps_settings)
 
 
@@ -150,8 +174,11 @@ def stop_run(run: TrainingRun, timeout_s: float = 60.0) -> ClusterProgress:
     try:
         (run.run_dir / STOP_FILE).touch()
         deadline_s = time.monotonic() + timeout_s
-        while run.progress().stopped is None and time.monotonic() < deadline_s:
-            if not any(i.instance_id == run.ps_instance.instance_id for i in run.provider.describe(run.run_id)):
+        shards = {i.instance_id for i in run.ps_instances or [run.ps_instance]}
+        while time.monotonic() < deadline_s:  # every shard stops at the same cut (cuts.py)
+            if not shards & {i.instance_id for i in run.provider.describe(run.run_id)}:
+                break
+            if run.progress().stopped is not None and len(shards) == 1:
                 break
             time.sleep(0.1)
     finally:

@@ -6,9 +6,14 @@ applied exactly once and counted once. A worker's learning rate follows its batc
 (Workload.lr_for_batch) and is damped by the update's staleness s: lr / (1 + s) ** staleness_lr_power
 (staleness-aware ASGD). With the default power 0.5 an n-worker cluster (s about n - 1) needs about
 sqrt(n) times the updates of one worker to a given loss, the scaling the loss curve of the model
-assumes (shared/design/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
+assumes (docs/model.md, Eq. 3); without damping (power 0) this runtime's iterations to a
 loss grew about linearly with n near the plateau, and its plateau rose with n (docs/runtime.md).
-The emulated network (shaping.Shaper) is applied here, where all traffic meets. The server checkpoints atomically every `checkpoint_every_s` seconds or every
+The emulated network (shaping.Shaper) is applied here, where all traffic meets.
+
+The parameters live in one flat vector (flat.py) and the optimizer steps that vector as one
+tensor (`optimizer_step`, the update rule); a pull sends one copy of it per version. With
+`num_shards` = k > 1 this PS owns one k-th of the vector, and checkpoints, stops and restarts
+follow the consistent cuts of cuts.py; otherwise the server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
@@ -35,7 +40,8 @@ from pathlib import Path
 import torch
 
 from tasks.errors import UserInputError
-from tasks.runtime import checkpoint, wire
+from tasks.runtime import checkpoint, flat, wire
+from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
@@ -62,17 +68,26 @@ class PsConfig:
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
+    shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
+    num_shards: int = 1
 
 
 class ParameterServer:
     def __init__(self, config: PsConfig):
         self.config = config
+        if not 0 <= config.shard < config.num_shards:
+            raise UserInputError(f"shard must be in 0..{config.num_shards - 1}, got {config.shard}")
         self.workload = build_workload(config.workload, config.workload_options)
         self.model = self.workload.model
-        self.tensors = wire.synced_tensors(self.model)
-        self.params = list(self.model.parameters())
-        self.optimizer = self.workload.make_optimizer(self.params)
-        self.flat_size = wire.flat_size(self.model)
+        whole = flat.bind(self.model, with_grads=False)
+        self.layout = whole.layout
+        self.lo, self.hi = flat.shard_ranges(self.layout.numel, config.num_shards)[config.shard]
+        self.state = whole.state[self.lo:self.hi]  # this PS's range: [parameters | buffers] of the flat vector
+        self.param_numel = max(0, min(self.hi, self.layout.param_numel) - self.lo)
+        self.params = self.state[:self.param_numel]
+        # one flat tensor: every optimizer step is one fused pass, not a loop over tensors
+        self.optimizer = fused(self.workload.make_optimizer([self.params]))
+        self.flat_size = self.hi - self.lo
         self.lock = threading.Lock()
         self.version = 0
         self.updates_total = 0
@@ -81,25 +96,38 @@ class ParameterServer:
         self.next_worker_id = 0
         self.stopping: str | None = None
         self.shaper = Shaper(config.ps_mbps)
-        self.telemetry = TelemetryWriter(config.run_dir)
-        self.checkpoint_dir = config.run_dir / "checkpoints"
+        self.dir = shard_dir(config.run_dir, config.shard)  # the run directory for shard 0
+        self.telemetry = TelemetryWriter(self.dir)
+        self.checkpoint_dir = self.dir / "checkpoints"
         self._handlers: list[threading.Thread] = []
         self._last_checkpoint_version = -1
         self._last_checkpoint_updates = 0
         self._pending_checkpoint: dict | None = None
         self._wake = threading.Event()  # set when a checkpoint snapshot waits to be written
+        self._published: tuple[int, torch.Tensor] | None = None  # (version, copy of the state) workers pull
+        self._pool: dict[torch.Tensor, int] = {}  # copies of the state -> handlers sending them now
+        self.epochs = EpochCut(self) if config.num_shards > 1 else None
+        self._signalled: str | None = None  # set by a signal handler, acted on by serve()
 
     # ------------------------------------------------------------ state and checkpoints
 
+    @property
+    def sharded(self) -> bool:
+        return self.epochs is not None
+
     def resume(self) -> bool:
-        """Load the newest good checkpoint, if any; True when resumed."""
-        state = checkpoint.load_latest(
-            self.checkpoint_dir,
-            on_corrupt=lambda path, err: (
-                self.telemetry.write("corrupt_checkpoint", path=str(path), error=err),
-                sys.stderr.write(f"spotfill ps: {err}; using the previous checkpoint\n"),
-            ),
-        )
+        """Load the newest good checkpoint (sharded: the newest consistent cut every shard has),
+        if any; True when resumed."""
+        if self.sharded:
+            state = self.epochs.load_common_cut()
+        else:
+            state = checkpoint.load_latest(
+                self.checkpoint_dir,
+                on_corrupt=lambda path, err: (
+                    self.telemetry.write("corrupt_checkpoint", path=str(path), error=err),
+                    sys.stderr.write(f"spotfill ps: {err}; using the previous checkpoint\n"),
+                ),
+            )
         if state is None:
             return False
         if (state["workload"], state["workload_options"]) != (self.config.workload, self.config.workload_options):
@@ -107,8 +135,14 @@ class ParameterServer:
                 f"checkpoint in {self.checkpoint_dir} is for workload {state['workload']} "
                 f"{state['workload_options']}, not {self.config.workload} {self.config.workload_options}"
             )
-        wire.unflatten_into(state["params"], self.tensors)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("shard", (0, 1)) != (self.config.shard, self.config.num_shards) or state["params"].numel() != self.flat_size:
+            raise UserInputError(f"checkpoint in {self.checkpoint_dir} is for another PS layout "
+                                 f"(shard {state.get('shard', (0, 1))}, {state['params'].numel()} elements)")
+        self.state.copy_(state["params"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as err:
+            raise UserInputError(f"checkpoint in {self.checkpoint_dir} has optimizer state of another layout ({err})") from None
         self.version = state["version"]
         self.updates_total = state["updates_total"]
         self.samples_total = state["samples_total"]
@@ -116,20 +150,24 @@ class ParameterServer:
         self.next_worker_id = state["next_worker_id"]
         self._last_checkpoint_version = self.version
         self._last_checkpoint_updates = self.updates_total
+        if self.sharded:
+            self.epochs.resume_after(state["epoch"])
         self.telemetry.write("resume", version=self.version, updates_total=self.updates_total,
-                             samples_total=self.samples_total)
+                             samples_total=self.samples_total, epoch=state.get("epoch"))
         return True
 
-    def _snapshot(self) -> dict:
-        """The state a checkpoint holds; the caller holds the lock."""
+    def _snapshot(self, epoch: int | None = None) -> dict:
+        """The state a checkpoint holds; the caller holds the lock. Sharded: the cut of `epoch`."""
         self._last_checkpoint_version = self.version
         self._last_checkpoint_updates = self.updates_total
         return {
             "workload": self.config.workload,
             "workload_options": self.config.workload_options,
-            "params": wire.flatten_state(self.model),
+            "shard": (self.config.shard, self.config.num_shards),
+            "params": self.state.clone(),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "version": self.version,
+            "epoch": epoch,
             "updates_total": self.updates_total,
             "samples_total": self.samples_total,
             "smoothed_loss": self.smoothed_loss,
@@ -137,33 +175,51 @@ class ParameterServer:
         }
 
     def write_checkpoint(self, state: dict | None = None) -> None:
-        """Write `state` (a snapshot taken at an update) or a snapshot of now, unless nothing
-        changed since the last one."""
+        """Write `state` (a snapshot taken at an update or, sharded, at a cut) or, unsharded, a
+        snapshot of now, unless nothing changed since the last one. A sharded PS writes only cuts:
+        a snapshot between cuts could hold an update another shard lacks."""
         if state is None:
+            if self.sharded:
+                return
             with self.lock:
                 if self.version == self._last_checkpoint_version:
                     return
                 state = self._snapshot()
-        path = checkpoint.save_checkpoint(self.checkpoint_dir, state["version"], state)
+        number = state["epoch"] if self.sharded else state["version"]
+        path = checkpoint.save_checkpoint(self.checkpoint_dir, number, state,
+                                          keep=CUTS_KEPT if self.sharded else checkpoint.KEEP)
         self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
-                             samples_total=state["samples_total"], path=str(path))
+                             samples_total=state["samples_total"], epoch=state["epoch"], path=str(path))
+
+    def cut(self, epoch: int) -> None:
+        """The cut of `epoch` (cuts.py; the caller holds the lock): snapshot now, written at once by
+        serve()'s thread."""
+        self._pending_checkpoint = self._snapshot(epoch)
+        self._wake.set()
+
+    def optimizer_step(self, grad: torch.Tensor, lr: float) -> None:
+        """The update rule: one step of the workload's optimizer on this PS's flat parameters with
+        the flat gradient `grad` at learning rate `lr` (already scaled by batch and staleness)."""
+        self.params.grad = grad
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.params.grad = None
 
     def apply(self, worker_id: int, instance_type: str, header: torch.Tensor, push: torch.Tensor, batch_size: int) -> bool:
         """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
-        _, step, samples, loss, base_version, compute_s, comm_s, _ = header.tolist()
+        _, step, samples, loss, base_version, compute_s, comm_s, _, epoch, stop_epoch = header.tolist()
         with self.lock:
+            if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
+                return False
             if self.stopping:
                 return False
-            offset = 0
-            for p in self.params:
-                p.grad = push[offset:offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
-            wire.unflatten_into(push[offset:], self.tensors[len(self.params):])
             staleness = self.version - int(base_version)
             lr = self.workload.lr_for_batch(batch_size) / (1 + staleness) ** self.config.staleness_lr_power
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
+            start_s = time.perf_counter()
+            self.optimizer_step(push[:self.param_numel], lr)
+            self.state[self.param_numel:].copy_(push[self.param_numel:])
+            apply_s = time.perf_counter() - start_s
             self.version += 1
             self.updates_total += 1
             self.samples_total += int(samples)
@@ -174,17 +230,46 @@ class ParameterServer:
                 loss=loss, compute_s=compute_s, comm_s=comm_s if comm_s >= 0 else None,
                 base_version=int(base_version), version=self.version, staleness=staleness, lr=lr,
                 samples_total=self.samples_total, updates_total=self.updates_total,
+                apply_ms=1e3 * apply_s, apply_ms_per_mb=1e3 * apply_s / (self.flat_size * 4 / 1e6),
             )
             c = self.config
-            if (c.checkpoint_every_updates is not None
-                    and self.updates_total - self._last_checkpoint_updates >= c.checkpoint_every_updates):
-                self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
-                self._wake.set()
+            stop = None
             if c.max_updates is not None and self.updates_total >= c.max_updates:
-                self.stopping = "max_updates"
+                stop = "max_updates"
             elif c.target_loss is not None and self.smoothed_loss <= c.target_loss:
-                self.stopping = "target_loss"
+                stop = "target_loss"
+            due = (c.checkpoint_every_updates is not None
+                   and self.updates_total - self._last_checkpoint_updates >= c.checkpoint_every_updates)
+            if self.sharded:
+                if c.shard == 0:  # the leader decides cuts and stops; the others follow (EpochCut)
+                    self.epochs.propose(stop) if stop else (self.epochs.propose() if due else None)
+            else:
+                if due:
+                    self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
+                    self._wake.set()
+                self.stopping = stop
             return True
+
+    def published_state(self) -> tuple[int, torch.Tensor | None]:
+        """(version, the state workers pull); None once stopping. One copy per version, shared by
+        every worker that pulls it, so sending it needs no lock. Copies come from a pool (a fresh
+        100 MB tensor each version would cost more in page faults than the copy): a copy is
+        reused once no handler holds it (`release_state`)."""
+        with self.lock:
+            if self.stopping:
+                return self.version, None
+            if self._published is None or self._published[0] != self.version:
+                free = [t for t, readers in self._pool.items() if readers == 0 and
+                        (self._published is None or t is not self._published[1])]
+                copy_ = free[0] if free else torch.empty_like(self.state)
+                copy_.copy_(self.state)
+                self._published = (self.version, copy_)
+            self._pool[self._published[1]] = self._pool.get(self._published[1], 0) + 1
+            return self._published
+
+    def release_state(self, state: torch.Tensor) -> None:
+        with self.lock:
+            self._pool[state] -= 1
 
     # ------------------------------------------------------------ serving
 
@@ -199,6 +284,8 @@ class ParameterServer:
             return
         instance_type = desc.get("instance_type", "")
         self.shaper.add_worker(worker_id, desc.get("nic_mbps"))
+        if self.sharded:
+            self.epochs.joined(worker_id)
         self.telemetry.write("join", worker=worker_id, instance_type=instance_type, instance_id=desc.get("instance_id"),
                              batch_size=desc["batch_size"], nic_mbps=desc.get("nic_mbps"))
         header = wire.new_header()
@@ -218,24 +305,29 @@ class ParameterServer:
                     applied = self.apply(worker_id, instance_type, header, push, desc["batch_size"])
                 reply = wire.new_header()
                 reply[3] = 1.0 if applied else 0.0
-                with self.lock:
-                    stopping = self.stopping
-                    reply[1] = self.version
-                    reply[2] = self.workload.lr_for_batch(desc["batch_size"])
-                    params = None if stopping else wire.flatten_state(self.model)
-                if stopping:
+                reply[2] = self.workload.lr_for_batch(desc["batch_size"])
+                if self.sharded:
+                    reply[wire.EPOCH], reply[wire.STOP_EPOCH] = self.epochs.advertised()
+                version, params = self.published_state()
+                reply[1] = version
+                if params is None:
                     reply[0] = wire.STOP
                     link.send(reply)
                     reason = "ps_stop"
                     return
                 reply[0] = wire.CONTINUE
-                self.shaper.transfer(worker_id, nbytes)
-                link.send(reply)
-                link.send(params)
+                try:
+                    self.shaper.transfer(worker_id, nbytes)
+                    link.send(reply)
+                    link.send(params)
+                finally:
+                    self.release_state(params)
         except RuntimeError:
             reason = "lost"
         finally:
             self.shaper.remove_worker(worker_id)
+            if self.sharded:
+                self.epochs.left(worker_id)
             self.telemetry.write("leave", worker=worker_id, reason=reason)
 
     def serve(self, store) -> str:
@@ -243,7 +335,7 @@ class ParameterServer:
         c = self.config
         if self.next_worker_id:
             store.add(wire.COUNTER_KEY, self.next_worker_id)  # ids stay unique across restarts
-        _write_json_atomic(c.run_dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
+        _write_json_atomic(self.dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
@@ -262,12 +354,19 @@ class ParameterServer:
                 self.write_checkpoint(pending)
                 last_checkpoint_s = time.monotonic()
             if time.monotonic() - last_checkpoint_s >= c.checkpoint_every_s:
-                self.write_checkpoint()
+                if self.sharded:
+                    if c.shard == 0:
+                        with self.lock:
+                            self.epochs.propose()
+                else:
+                    self.write_checkpoint()
                 last_checkpoint_s = time.monotonic()
             if stop_file.exists():
                 self.request_stop("stop_file")
             if c.watch_pid and not pid_alive(c.watch_pid):
-                self.request_stop("orchestrator_gone")
+                self.stopping = self.stopping or "orchestrator_gone"
+            if self._signalled:
+                self.stopping = self.stopping or self._signalled
             self._wake.wait(POLL_S)
             self._wake.clear()
         with self.lock:
@@ -283,9 +382,32 @@ class ParameterServer:
         self.telemetry.close()
         return self.stopping
 
+    def on_signal(self, *_) -> None:
+        """SIGTERM/SIGINT: stop at once (takes no lock: it runs between any two bytecodes)."""
+        self._signalled = "signal"
+
     def request_stop(self, reason: str) -> None:
-        """Also called from signal handlers, so it takes no lock (one attribute write)."""
-        self.stopping = self.stopping or reason
+        """A stop asked from outside (the STOP file, a signal). Unsharded: at once. Sharded: the
+        leader stops every shard at the next cut; a follower stops at once only while no worker is
+        connected (otherwise it hears the stop cut from the workers' pushes)."""
+        if not self.sharded:
+            self.stopping = self.stopping or reason
+        elif self.config.shard == 0:
+            with self.lock:
+                self.epochs.propose(reason)
+        else:
+            with self.lock:
+                self.epochs.stop_if_idle(reason)
+
+FUSED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer, same settings, with torch's fused kernel where it has one (SGD, Adam,
+    AdamW): one pass over the flat vector instead of several, and no temporaries."""
+    if type(optimizer) not in FUSED_OPTIMIZERS or len(optimizer.param_groups) != 1:
+        return optimizer
+    return type(optimizer)(optimizer.param_groups[0]["params"], **{**optimizer.defaults, "fused": True, "foreach": False})
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -313,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="damp each update's learning rate by (1 + staleness) ** this (0: no damping)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
+    p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
     return p
 
 
@@ -326,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
             watch_pid=args.watch_pid, staleness_lr_power=args.staleness_lr_power,
+            shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)
         server.resume()
@@ -337,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"spotfill ps: error: {err}\n")
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop("signal"))
+        signal.signal(sig, server.on_signal)
     reason = server.serve(store)
     sys.stderr.write(f"spotfill ps: stopped ({reason}) at version {server.version}\n")
     sys.stdout.flush()

@@ -8,11 +8,11 @@ Every record has `t` (epoch seconds) and `kind`:
   null on its first), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
-  after this update).
-- `join` / `leave`: a worker's membership. `leave` has reason: "notice", "stop", "terminated",
+  after this update), apply_ms and apply_ms_per_mb (the PS's optimizer step for it).
+- `join` / `leave`: a worker's membership. `leave` has reason: "notice", "stop", "terminated", "rejoin",
   "lost" (the connection broke: the worker died), "ps_stop"; a reader marks workers still
   connected at a `resume` as left with "ps_restart".
-- `checkpoint`: version, samples_total, path. `resume`: the PS restarted from a checkpoint
+- `checkpoint`: version, samples_total, path, epoch (a sharded PS's cut; null otherwise). `resume`: the PS restarted from a checkpoint
   (version, samples_total); totals continue from there: updates after that checkpoint and before
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).

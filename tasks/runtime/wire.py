@@ -6,12 +6,14 @@ description under `join/<id>`, and both sides build `ProcessGroupGloo(PrefixStor
 rank, 2)`: PS rank 0, worker rank 1. Workers join and leave without touching anyone else's group.
 
 Messages (torch.distributed send/recv on that group):
-worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute_s, comm_s, reason],
-    then for PUSH the flat float32 vector of gradients (one per parameter) followed by the
-    worker's floating-point buffers (BatchNorm statistics).
+worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute_s, comm_s, reason,
+    epoch, stop_epoch], then for PUSH the PS's range of the flat float32 vector (flat.py) of
+    gradients followed by the worker's floating-point buffers (BatchNorm statistics).
 PS -> worker: a float64 header [status, version, lr, applied (1.0 when the push just received was
-    applied and counted), 0...]; with status CONTINUE the flat float32
-    vector of parameters followed by buffers.
+    applied and counted), epoch, stop_epoch, 0...]; with status CONTINUE the PS's range of the flat
+    float32 vector of parameters followed by buffers. `epoch` and `stop_epoch` (0: none) carry the
+    sharded PS's consistent cuts (ps.py); a single PS leaves them 0.
+Each message is one tensor: the vector travels as one gloo message, whatever the model's size.
 """
 from __future__ import annotations
 
@@ -25,10 +27,13 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-HEADER_LEN = 8
+from tasks.runtime import flat
+
+HEADER_LEN = 10
+EPOCH, STOP_EPOCH = 8, 9  # header slots of the sharded PS's epoch protocol (both directions)
 PUSH, LEAVE, PULL = 1.0, 2.0, 3.0
 CONTINUE, STOP = 0.0, 1.0
-LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done"}
+LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done", 4.0: "rejoin"}  # rejoin: a half-done join
 REASON_CODES = {name: code for code, name in LEAVE_REASONS.items()}
 COUNTER_KEY = "worker_counter"
 
@@ -37,36 +42,8 @@ def new_header() -> torch.Tensor:
     return torch.zeros(HEADER_LEN, dtype=torch.float64)
 
 
-def synced_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """What the PS owns and workers pull: parameters, then floating-point buffers."""
-    return [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
-
-
 def flat_size(model: nn.Module) -> int:
-    return sum(t.numel() for t in synced_tensors(model))
-
-
-def flatten_state(model: nn.Module) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).float().cpu() for t in synced_tensors(model)])
-
-
-def flatten_push(model: nn.Module) -> torch.Tensor:
-    """Gradients of the parameters (zeros where a parameter got none), then the buffers."""
-    parts = []
-    for p in model.parameters():
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        parts.append(g.detach().reshape(-1).float().cpu())
-    parts += [b.detach().reshape(-1).float().cpu() for b in model.buffers() if b.is_floating_point()]
-    return torch.cat(parts)
-
-
-def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
+    return flat.layout_of(model).numel
 
 
 class Link:
@@ -83,6 +60,13 @@ class Link:
 
     def recv(self, tensor: torch.Tensor) -> None:
         self.group.recv([tensor], self.peer, 0).wait()
+
+    def start_send(self, tensor: torch.Tensor):
+        """Begin a send and return its work (`.wait()`): transfers to several PS shards overlap."""
+        return self.group.send([tensor], self.peer, 0)
+
+    def start_recv(self, tensor: torch.Tensor):
+        return self.group.recv([tensor], self.peer, 0)
 
 
 def host_store(port: int, timeout_s: float) -> TCPStore:

@@ -34,14 +34,14 @@ import torch
 
 from tasks.errors import UserInputError
 from tasks.phases import NoListener, PhaseListener
-from tasks.runtime import wire
+from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
 
 @dataclass
 class WorkerConfig:
-    ps_host: str
+    ps_host: str  # the PS (shard 0 when sharded)
     ps_port: int
     workload: str
     batch_size: int
@@ -59,6 +59,7 @@ class WorkerConfig:
     op_timeout_s: float = 300.0
     max_steps: int | None = None  # leave after this many iterations (tests, profiling)
     watch_pid: int | None = None  # leave when this process (the local orchestrator) is gone
+    more_ps: list[tuple[str, int]] = field(default_factory=list)  # shards 1..k-1 of a sharded PS
 
 
 @dataclass
@@ -86,23 +87,99 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _connect(config: WorkerConfig, timeout_s: float) -> wire.Link:
-    description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
-                   "batch_size": config.batch_size, "nic_mbps": config.nic_mbps, "pid": os.getpid()}
-    _worker_id, _store, link = wire.join(config.ps_host, config.ps_port, description, timeout_s, config.op_timeout_s)
-    return link
+def parse_addresses(text: str) -> list[tuple[str, int]]:
+    """`HOST:PORT[,HOST:PORT...]`: the PS shards in shard order."""
+    return [parse_address(part) for part in text.split(",")]
 
 
-def _pull(link: wire.Link, header: torch.Tensor, params: torch.Tensor) -> bool:
-    """Receive the PS's reply; True and `params` filled when told to continue."""
-    link.recv(header)
-    if header[0].item() == wire.STOP:
-        return False
-    link.recv(params)
-    return True
+class Shards:
+    """The worker's links to the k PS shards; each transfer goes to all of them at once (one
+    message per shard, in flight together), each shard getting its range of the flat vector."""
+
+    def __init__(self, config: WorkerConfig, numel: int, timeout_s: float):
+        addresses = [(config.ps_host, config.ps_port), *config.more_ps]
+        # each shard shapes its share of this worker's NIC: the transfers to all shards run at once
+        nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
+        description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
+                       "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid()}
+        self.links: list[wire.Link] = []
+        try:
+            for host, port in addresses:
+                self.links.append(wire.join(host, port, description, timeout_s, config.op_timeout_s)[2])
+        except (RuntimeError, TimeoutError):
+            self.leave("rejoin")  # the shards joined so far must not wait for this half-joined worker
+            raise
+        self.ranges = flat.shard_ranges(numel, len(self.links))
+        self.replies = [wire.new_header() for _ in self.links]
+
+    @staticmethod
+    def _wait(works) -> None:
+        for work in works:
+            work.wait()
+
+    def send(self, headers: list[torch.Tensor], vector: torch.Tensor | None = None) -> None:
+        self._wait([link.start_send(h) for link, h in zip(self.links, headers)])
+        if vector is not None:
+            self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
+
+    def receive(self, state: torch.Tensor) -> bool:
+        """The shards' replies into self.replies; True and `state` filled when all say continue."""
+        self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)])
+        if any(h[0].item() == wire.STOP for h in self.replies):
+            return False
+        self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
+        return True
+
+    def leave(self, reason: str) -> None:
+        """Tell every linked shard this worker leaves; a shard that is gone is skipped."""
+        header = wire.new_header()
+        header[0], header[7] = wire.LEAVE, wire.REASON_CODES[reason]
+        for link in self.links:
+            try:
+                link.send(header)
+            except RuntimeError:
+                pass
+
+    def epoch_tags(self) -> tuple[float, float]:
+        """(epoch, stop epoch) to tag the next push with: the largest any shard advertised."""
+        return max(h[wire.EPOCH].item() for h in self.replies), max(h[wire.STOP_EPOCH].item() for h in self.replies)
+
+    def headers(self, values: list[float]) -> list[torch.Tensor]:
+        """One header per shard from `values`, with that shard's base version and the epoch tags."""
+        epoch, stop_epoch = self.epoch_tags()
+        out = []
+        for reply in self.replies:
+            header = torch.tensor(values + [0.0] * (wire.HEADER_LEN - len(values)), dtype=torch.float64)
+            header[4], header[wire.EPOCH], header[wire.STOP_EPOCH] = reply[1], epoch, stop_epoch
+            out.append(header)
+        return out
+
+
+def device_batches(batches, device: torch.device):
+    """The workload's batches on `device`. On CUDA the next batch is made by a thread in pinned
+    memory and copied without blocking, while the GPU computes the current one."""
+    if device.type != "cuda":
+        yield from batches
+        return
+    import queue
+    import threading
+
+    ready: queue.Queue = queue.Queue(maxsize=2)
+
+    def produce() -> None:
+        for inputs, targets in batches:
+            ready.put((inputs.pin_memory(), targets.pin_memory()))
+
+    threading.Thread(target=produce, daemon=True).start()
+    while True:
+        inputs, targets = ready.get()
+        yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
 
 def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
+    """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
+    vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
+    CUDA each crosses the bus once, through a pinned host copy."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
@@ -113,33 +190,38 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
     device = torch.device(config.device)
     model = workload.model.to(device)
     model.train()
-    tensors = wire.synced_tensors(model)
+    flat_model = flat.bind(model)
+    on_cuda = device.type == "cuda"
+    # what the wire reads and writes: the flat vectors themselves on CPU, pinned host copies on CUDA
+    host_state = torch.empty(flat_model.layout.numel, pin_memory=True) if on_cuda else flat_model.state
+    host_push = torch.empty(flat_model.layout.numel, pin_memory=True) if on_cuda else flat_model.push
     seed = config.seed if config.seed is not None else zlib.crc32(f"{config.instance_id}:{os.getpid()}".encode())
-    batches = workload.batches(config.batch_size, seed)
-    header = wire.new_header()
-    params = torch.empty(wire.flat_size(model))
+    batches = device_batches(workload.batches(config.batch_size, seed), device)
+    numel = flat_model.layout.numel
     try:
-        link = _connect(config, config.connect_timeout_s)
+        shards = Shards(config, numel, config.connect_timeout_s)
     except (RuntimeError, TimeoutError) as err:
         raise UserInputError(
             f"cannot reach the parameter server at {config.ps_host}:{config.ps_port} "
             f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
         ) from None
 
+    def pull() -> bool:
+        if not shards.receive(host_state):
+            return False
+        if on_cuda:
+            flat_model.state.copy_(host_state, non_blocking=True)  # ordered before the next forward
+        return True
+
     step = samples_accepted = rejoins = 0
     comm_s = -1.0  # the previous iteration's push+pull; none before the first
-    base_version = 0
     need_pull = True
     while True:
         try:
             if need_pull:
-                header.zero_()
-                header[0] = wire.PULL
-                link.send(header)
-                if not _pull(link, header, params):
+                shards.send(shards.headers([wire.PULL]))
+                if not pull():
                     return WorkerResult("stop", step, samples_accepted, rejoins)
-                wire.unflatten_into(params.to(device), tensors)
-                base_version = int(header[1].item())
                 need_pull = False
             leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
             if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
@@ -147,18 +229,20 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             if leave is None and config.max_steps is not None and step >= config.max_steps:
                 leave = "done"
             if leave:
-                header.zero_()
-                header[0], header[7] = wire.LEAVE, wire.REASON_CODES[leave]
-                link.send(header)
+                shards.leave(leave)
                 return WorkerResult(leave, step, samples_accepted, rejoins)
 
             listener.compute_start(step)
             t0 = time.monotonic()
             inputs, targets = next(batches)
-            loss = workload.loss_fn(model(inputs.to(device)), targets.to(device))
-            model.zero_grad(set_to_none=False)
+            loss = workload.loss_fn(model(inputs), targets)
+            flat_model.zero_grad()
             loss.backward()
-            push = wire.flatten_push(model)
+            push = flat_model.fill_push_buffers()
+            if on_cuda:
+                host_push.copy_(push, non_blocking=True)
+                torch.cuda.current_stream(device).synchronize()
+            loss_value = loss.item()
             real_s = time.monotonic() - t0
             target_s = (config.reference_compute_s or real_s) / config.relative_speed
             if target_s > real_s:
@@ -168,22 +252,17 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
 
             listener.comm_start(step)
             t1 = time.monotonic()
-            header.copy_(torch.tensor([wire.PUSH, step, config.batch_size, loss.item(), base_version,
-                                       compute_s, comm_s, 0.0], dtype=torch.float64))
-            link.send(header)
-            link.send(push)
-            more = _pull(link, header, params)
-            if header[3].item() == 1.0:
+            shards.send(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s]), host_push)
+            more = pull()
+            if shards.replies[0][3].item() == 1.0:
                 samples_accepted += config.batch_size
             if not more:
                 listener.comm_end(step)
                 return WorkerResult("stop", step + 1, samples_accepted, rejoins)
-            wire.unflatten_into(params.to(device), tensors)
-            base_version = int(header[1].item())
             comm_s = time.monotonic() - t1
             listener.comm_end(step)
             step += 1
-        except RuntimeError as err:  # the PS went away: rejoin when it is back
+        except RuntimeError as err:  # a PS went away: rejoin all shards when they are back
             sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
             deadline_s = time.monotonic() + config.reconnect_timeout_s
             while True:
@@ -191,7 +270,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                     # told to go while the PS is away: there is nobody to tell
                     return WorkerResult(leave_flag.reason or "terminated", step, samples_accepted, rejoins)
                 try:
-                    link = _connect(config, min(1.0, config.reconnect_timeout_s))
+                    shards = Shards(config, numel, min(1.0, config.reconnect_timeout_s))
                     break
                 except (RuntimeError, TimeoutError):
                     if time.monotonic() >= deadline_s:
@@ -215,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tasks.cli_args import positive_float, positive_int
 
     p = OneLineParser(prog="python -m tasks.runtime.worker", description="spotfill training worker")
-    p.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
+    p.add_argument("--ps", required=True, help="HOST:PORT of the parameter server (HOST:PORT,... for its shards)")
     p.add_argument("--workload", required=True)
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--batch-size", type=positive_int, required=True)
@@ -261,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     leave_flag = _LeaveFlag()
     try:
-        host, port = parse_address(args.ps)
+        (host, port), *more_ps = parse_addresses(args.ps)
         resolve_builder(args.workload)
         config = WorkerConfig(
             ps_host=host, ps_port=port, workload=args.workload, batch_size=args.batch_size,
@@ -270,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             reference_compute_s=args.reference_compute_s, nic_mbps=args.nic_mbps,
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
-            max_steps=args.max_steps, watch_pid=args.watch_pid,
+            max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
