@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 
 # Counts and quotas above this are almost surely a typo (and beyond int64 they crash numpy); a user
@@ -271,13 +272,18 @@ def check_workload(spec: str, options: dict) -> None:
         if isinstance(value, int) and abs(value) >= 2**31:
             raise UserInputError(f"workload option {key}={value} is out of range")
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on zero-element tensors: reported below
             built = build_workload(spec, options)
-        n_params = sum(p.numel() for p in built.model.parameters())
+        sizes = [p.numel() for p in built.model.parameters()]
     except UserInputError:
         raise
     except Exception as err:  # noqa: BLE001 - a builder's own check (negative width, ...) or a meta gap
         raise UserInputError(f"workload {spec!r} cannot be built with options {options}: {one_line(err)}") from None
+    if not sizes or 0 in sizes:
+        raise UserInputError(f"workload {spec!r} with options {options} builds a layer with no parameters "
+                             "(a size option of 0?)")
+    n_params = sum(sizes)
     text = os.environ.get("SPOTFILL_MAX_PARAMS", "")
     limit = int(text) if text.isdigit() and len(text) < 19 else DEFAULT_MAX_PARAMS
     if n_params > limit:

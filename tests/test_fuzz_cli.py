@@ -51,7 +51,18 @@ def sandbox():
     (root / "a-file").write_text("not a folder\n")
     previous = os.getcwd()
     os.chdir(root / "work")
+    # Input that wrongly passes every check fails the test at once instead of starting a run.
+    from tasks import prefect_server
+    from tasks.runtime import driver
+
+    started = {"driver.start_run": driver.start_run, "temporary_server": prefect_server.temporary_server}
+
+    def refuse_to_start(*args, **kwargs):
+        raise AssertionError("bad input reached the start of a run")
+
+    driver.start_run = prefect_server.temporary_server = refuse_to_start
     yield root
+    driver.start_run, prefect_server.temporary_server = started["driver.start_run"], started["temporary_server"]
     os.chdir(previous)
     shutil.rmtree(root, ignore_errors=True)
 
