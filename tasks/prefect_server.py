@@ -50,6 +50,19 @@ def stop(process: subprocess.Popen) -> None:
             continue
 
 
+def _drain_prefect_clients(timeout_s: float = 5.0) -> None:
+    """Send the logs and events Prefect still queues while the server is up: left for Prefect's
+    own exit hook, they would be retried against a stopped server for over a minute."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=timeout_s)
+
+
 @contextlib.contextmanager
 def temporary_server(log_path: Path, startup_timeout_s: float = 180.0) -> Iterator[str | None]:
     """Start a Prefect server on a free local port, point PREFECT_API_URL at it for the block, and
@@ -81,5 +94,6 @@ def temporary_server(log_path: Path, startup_timeout_s: float = 180.0) -> Iterat
         os.environ["PREFECT_API_URL"] = api_url
         yield api_url
     finally:
+        _drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
         stop(process)
