@@ -99,3 +99,14 @@ def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
         assert plan_request.confidence == 0.9
         result = solve(plan_request)
         assert result.confidence["level"] == 0.9 and result.confidence["upper_time_s"] <= 3000
+
+
+def test_regions_pass_through_to_the_plan_request(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "regions": ["us-east-1"]})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-r", tmp_path / "run-r")
+    assert session.plan_request(3000).regions == ("us-east-1",)
+    assert all("@us-east-1" in name for name in session.solve_or_fastest(session.plan_request(3000)).plan)

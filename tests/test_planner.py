@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from tasks.errors import InfeasibleError, UserInputError
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
+from tasks.planner import exact
 from tasks.planner.brute import solve_brute_force
+from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, build_problem
 from tasks.profile import load_profile, profile_from_dict
@@ -66,6 +68,8 @@ def test_exact_equals_brute_force_and_beats_heuristic(profile, loss, slack):
     brute = solve_brute_force(problem)[0]
     assert result.feasible and brute.counts is not None
     assert same_cost(result.predicted_cost_usd, brute.cost)
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert same_cost(searched.cost, brute.cost)
     heuristic, _ = solve_heuristic(problem)
     if heuristic.counts is not None:
         assert result.predicted_cost_usd <= heuristic.cost * (1 + COST_TIE_REL)
@@ -152,6 +156,44 @@ def test_reordering_types_changes_nothing(profile, loss, slack, rnd):
         assert a.predicted_cost_usd == pytest.approx(b.predicted_cost_usd, rel=1e-12)
 
 
+@st.composite
+def profiles_with_twins(draw):
+    """Profiles where some types are twins: the same hardware at other prices (like one type's
+    offers in several regions), some at exactly the same price, some with existing instances."""
+    profile = draw(profiles(max_types=3, max_quota=3))
+    data = profile.model_dump()
+    for inst in list(data["instances"]):
+        for copy in range(draw(st.integers(0, 2))):
+            price = draw(st.sampled_from([inst["spot_price"], inst["spot_price"] * 0.7, inst["spot_price"] * 1.3]))
+            data["instances"].append(inst | {"type": f"{inst['type']}@r{copy}", "spot_price": price,
+                                             "quota": draw(st.integers(0, 3))})
+    return profile_from_dict(data)
+
+
+@SETTINGS
+@given(profiles_with_twins(), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
+def test_exact_equals_brute_force_with_twin_offers(profile, loss, slack, data):
+    existing = {i.type: data.draw(st.integers(0, min(i.quota, 1))) for i in profile.instances}
+    deadline = fastest(profile, loss, existing=existing) * slack
+    problem = build_problem(PlanRequest(profile, loss, deadline, existing=existing))
+    assume(composition_count(problem) <= 200_000)
+    brute = solve_brute_force(problem)[0]
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert same_cost(searched.cost, brute.cost)
+    assert list(searched.counts) == list(brute.counts)
+
+
+@SETTINGS
+@given(profiles(), st.floats(0.6, 1.5))
+def test_fastest_plan_equals_brute_force(profile, loss):
+    problem = build_problem(PlanRequest(profile, loss, 1e12))
+    best = exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)[0].time_s
+    lower, radix = problem.lower, problem.upper - problem.lower + 1
+    grid = np.stack(np.meshgrid(*[np.arange(r) for r in radix], indexing="ij"), axis=-1).reshape(-1, len(radix))
+    times = problem.evaluate(grid + lower)["time_s"]
+    assert best == pytest.approx(times.min(), rel=1e-9) or (math.isinf(best) and math.isinf(times.min()))
+
+
 def test_exact_matches_brute_force_on_the_shipped_profile_with_existing_and_current_loss():
     profile = load_profile(SHIPPED_PROFILE)
     for existing, current, overhead, deadline in [({}, None, 0, 2000), ({"g3.8xlarge": 2}, 1.4, 30, 2500),
@@ -162,6 +204,7 @@ def test_exact_matches_brute_force_on_the_shipped_profile_with_existing_and_curr
         brute = solve_brute_force(problem)[0]
         assert same_cost(r.predicted_cost_usd, brute.cost)
         assert r.status == "optimal"
+        assert same_cost(exact.search(problem, "cost", enumerate_below=0)[0].cost, brute.cost)
 
 
 def test_replanning_remaining_work_is_less_than_from_scratch():

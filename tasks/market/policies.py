@@ -2,19 +2,19 @@
 
 Every policy answers one question, `plan(situation) -> {type: count}`: what should run, given the
 instances still alive, the loss reached and the time left. The replay calls it at the start and
-after every revocation. When no plan meets the deadline any more, a policy falls back to the
-fastest plan it may run (finishing late beats never finishing).
+after every revocation. The answer is the live session's re-plan policy (replan.py): the cheapest
+plan meeting the deadline, or the fastest plan when none can.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tasks.errors import InfeasibleError
+from tasks.market.replan import ReplanMemo
 from tasks.model import Model
-from tasks.planner import PlanRequest, build_problem, exact, solve
+from tasks.planner import PlanRequest, solve
 from tasks.profile import Profile
 
 
@@ -43,6 +43,7 @@ class Policy:
     restart_on_preemption: bool = False
     target_probability: float = 0.95
     hazards_per_h: dict[str, float] = field(default_factory=dict)
+    memo: ReplanMemo = field(default_factory=ReplanMemo, compare=False, repr=False)
 
     def request(self, profile: Profile, loss_target: float, deadline_s: float, s: Situation) -> PlanRequest:
         quota = {} if self.types is None else {i.type: 0 for i in profile.instances if i.type not in self.types}
@@ -53,21 +54,8 @@ class Policy:
                            recovery_s=s.overhead_s)
 
     def plan(self, profile: Profile, loss_target: float, s: Situation) -> dict[str, int]:
-        request = self.request(profile, loss_target, s.time_left_s, s)
-        if s.time_left_s <= request.overhead_s:  # the deadline has passed or lies within the overhead
-            return fastest_plan(request)
-        try:
-            return solve(request).plan
-        except InfeasibleError:
-            return fastest_plan(request)
-
-
-def fastest_plan(request: PlanRequest) -> dict[str, int]:
-    """The quickest plan the request's quotas and existing instances allow (no deadline)."""
-    problem = build_problem(dataclasses.replace(request, deadline_s=request.overhead_s + 1e9))
-    best, _ = exact.search(problem, "time", deadline_s=np.inf)
-    names = problem.model.types.names
-    return {names[i]: int(c) for i, c in enumerate(best.counts) if c > 0}
+        """The shared re-plan policy (replan.py), through this policy's memo."""
+        return self.memo.plan(self.request(profile, loss_target, s.time_left_s, s))
 
 
 def per_gpu_speed(profile: Profile) -> dict[str, float]:

@@ -132,8 +132,7 @@ def solve_risk(problem: Problem) -> PlanResult:
         return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
     deadlines_s = [fastest.time_s + step * (problem.budget_s - fastest.time_s) for step in SLACK_STEPS]
     optima = []
-    for deadline_s in deadlines_s:
-        best, stats = exact.search(problem, "cost", deadline_s=deadline_s * (1 + 1e-9))
+    for best, stats in exact.search_deadlines(problem, [d * (1 + 1e-9) for d in deadlines_s]):
         evaluated += stats.evaluated
         optima.append(best.counts if best.counts is not None else fastest.counts)
     frontier = Frontier.of(problem, optima)

@@ -116,7 +116,8 @@ def run_study(study: Study) -> dict:
         "target_level": study.level,
         "replays": study.replays,
         "overhead_s": study.overhead_s,
-        "policies": {name: summarise(runs, on_demand, policy_wall_s[name]) for name, runs in outcomes.items()},
+        "policies": {p.name: summarise(outcomes[p.name], on_demand, policy_wall_s[p.name])
+                     | {"replans_solved": p.memo.solves, "replans_remembered": p.memo.hits} for p in policies},
         "initial_plans": first_plans,
         "risk_estimate": risk_estimate(profile, study, policies[-1], cfg),
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}

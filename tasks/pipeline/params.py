@@ -84,6 +84,8 @@ class TrainRequest(BaseModel):
     profile: str | None = Field(None, description="use this profile JSON instead of profiling")
     profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
+    regions: list[str] = Field(default_factory=list, description="plan over offers TYPE@REGION in these "
+                               "regions ('all': every priced one; docs/planner.md); empty: the profile's types")
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import InfeasibleError, UserInputError
+from tasks.errors import UserInputError
 from tasks.model import Model
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
-from tasks.planner import PlanRequest, PlanResult, solve
-from tasks.planner import exact as exact_search
-from tasks.planner.problem import build_problem, make_result
+from tasks.planner import PlanRequest, PlanResult
 from tasks.profile import Profile
 from tasks.providers.base import Provider, ProviderEvent
 
@@ -100,6 +98,7 @@ class TrainingSession:
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
+            regions=tuple(self.request.regions),
             **self.risk_options(),
         )
 
@@ -120,13 +119,12 @@ class TrainingSession:
     def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
         """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
         risk, and the run still does its best)."""
-        try:
-            result = solve(request)
-        except InfeasibleError as err:
-            problem = build_problem(replace(request, deadline_s=1e12, overhead_s=0.0))
-            best, _ = exact_search.search(problem, "time", deadline_s=np.inf)
-            result = make_result(problem, best.counts, "fastest", "feasible", 0.0, 0, message=str(err))
-            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": str(err)}))
+        from tasks.market.replan import cheapest_or_fastest
+
+        replanned = cheapest_or_fastest(request)  # the same policy the market replay runs
+        result = replanned.result
+        if replanned.at_risk:
+            self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": replanned.at_risk}))
         self.check_budget(result)
         return result
 

@@ -28,21 +28,58 @@ from tasks.model import cluster_spread
 from tasks.profile import Profile
 
 
-def greedy_fill_suffixes(values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str, n: int) -> np.ndarray:
-    """Greedy fills for every suffix k of the types at once: row k, column rem is the best
-    (take_best "max" or "min") sum of `values` over counts of types k.. within [lower, lower +
-    extra] that add up to rem (0 <= rem <= n); columns beyond the suffix's capacity are not
-    meaningful (callers rule them out)."""
-    m = len(values)
-    order = np.argsort(-values if take_best == "max" else values, kind="stable")
-    in_suffix = order[None, :] >= np.arange(m)[:, None]  # M x M: type order[j] belongs to suffix k
-    cap = np.where(in_suffix, extra[order], 0).astype(float)
-    before = np.cumsum(cap, axis=1) - cap
-    lower_sum = np.where(in_suffix, lower[order], 0).sum(axis=1)
-    forced = np.where(in_suffix, (lower * values)[order], 0.0).sum(axis=1)
-    free = np.arange(n + 1, dtype=float)[None, :] - lower_sum[:, None]  # M x (n+1)
-    take = np.clip(free[:, :, None] - before[:, None, :], 0.0, cap[:, None, :])
-    return forced[:, None] + take @ values[order]
+class SuffixFills:
+    """Greedy fills of every suffix k of the search levels: `at(k, rem)` is the best (take_best
+    "max" or "min") sum of `values` over counts of the items of levels k.. (item i belongs to
+    level owner[i]; default: item i is level i) within [lower, lower + extra] adding up to rem
+    (an array); rem beyond the suffix's capacity is not meaningful (callers rule it out).
+
+    A greedy fill is piecewise linear in the count, one segment per item, best first; each
+    suffix's breakpoints are built when first asked for."""
+
+    def __init__(self, values: np.ndarray, lower: np.ndarray, extra: np.ndarray, take_best: str,
+                 owner: np.ndarray | None = None):
+        self.values, self.lower, self.extra = values, lower, extra.astype(float)
+        self.owner = np.arange(len(values)) if owner is None else owner
+        self.order = np.argsort(-values if take_best == "max" else values, kind="stable")
+        self.segments: dict[int, tuple[float, float, np.ndarray, np.ndarray]] = {}
+
+    def at(self, k: int, rem: np.ndarray) -> np.ndarray:
+        if k not in self.segments:
+            mine = self.order[(self.owner[self.order] >= k) & (self.extra[self.order] > 0)]
+            cap = self.extra[mine]
+            xp = np.concatenate([[0.0], np.cumsum(cap)])
+            fp = np.concatenate([[0.0], np.cumsum(cap * self.values[mine])])
+            suffix = self.owner >= k
+            self.segments[k] = (float(self.lower[suffix].sum()), float((self.lower * self.values)[suffix].sum()), xp, fp)
+        lower_sum, forced, xp, fp = self.segments[k]
+        return forced + np.interp(rem - lower_sum, xp, fp, left=0.0)
+
+
+class MultiplierTest:
+    """Prunes prefixes none of whose completions can have sum c_m (a_m - mult * r_m) <= 0.
+
+    For the price, a = p and mult = 3600 * cost bound / j_lo: a cluster within the bound needs
+    P / X <= mult. For the time, a = r * j_affine and mult = time bound * X_max: a cluster
+    within the bound needs j X <= t X^2 <= t X_max X. The left side is linear in the counts, so
+    its minimum over the free counts is a greedy fill; the fill is only ever taken at a grid of
+    multipliers, at the first grid value at or above a prefix's own (the sum only falls as the
+    multiplier grows, so this stays a valid test)."""
+
+    def __init__(self, a: np.ndarray, rate: np.ndarray, lower: np.ndarray, extra: np.ndarray, grid: np.ndarray,
+                 owner: np.ndarray | None = None):
+        self.grid, self.a, self.rate, self.lower, self.extra, self.owner = grid, a, rate, lower, extra, owner
+        self.fills: dict[int, SuffixFills] = {}  # built for the grid values asked for
+
+    def fails(self, k: int, rem: np.ndarray, a_fixed: np.ndarray, x_fixed: np.ndarray, mult: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(self.grid, mult)
+        out = np.zeros(len(rem), dtype=bool)
+        for g in np.unique(at[at < len(self.grid)]):
+            sel = at == g
+            if g not in self.fills:
+                self.fills[g] = SuffixFills(self.a - self.grid[g] * self.rate, self.lower, self.extra, "min", self.owner)
+            out[sel] = a_fixed[sel] - self.grid[g] * x_fixed[sel] + self.fills[g].at(k, rem[sel]) > 0
+        return out
 
 
 def max_rate_by_size(rates: np.ndarray, lower: np.ndarray, upper: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -63,8 +100,7 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     model, req = problem.model, problem.request
     usable = problem.upper > 0
     b_lo, b_hi = float(model.types.batch[usable].min()), float(model.types.batch[usable].max())
-    j_lo = np.array([IterationBound(req.profile, float(n), req.loss_target, req.current_loss).lower(b_lo, b_hi)
-                     for n in sizes])
+    j_lo = IterationBound(req.profile, sizes.astype(float), req.loss_target, req.current_loss).lower(b_lo, b_hi)
     rates = rate_ceilings(problem, sizes)
     x_max = max_rate_by_size(rates, problem.lower, problem.upper, sizes)
     ratio_min = (model.prices_usd_per_h[usable] / rates[:, usable]).min(axis=1)
@@ -92,12 +128,12 @@ def rate_ceilings(problem, sizes: np.ndarray) -> np.ndarray:
 
 
 class IterationBound:
-    """Lower bounds on iterations j for clusters of one size n, as plain floats (hot loop)."""
+    """Lower bounds on iterations j for clusters of one size n (or an array of sizes)."""
 
-    def __init__(self, profile: Profile, n: float, loss_target: float, current_loss: float | None):
+    def __init__(self, profile: Profile, n, loss_target: float, current_loss: float | None):
         g = profile.loss
         self.gamma2, self.gamma3 = g.gamma2, g.gamma3
-        spread_at_r0 = float(cluster_spread(0.0, n, g.gamma4, g.kappa))
+        spread_at_r0 = cluster_spread(0.0, n, g.gamma4, g.kappa)
         if current_loss is None:
             self.scale = spread_at_r0 / (loss_target - g.gamma5)
             self.offset = g.gamma1
@@ -105,8 +141,14 @@ class IterationBound:
             self.scale = spread_at_r0 * (1.0 / (loss_target - g.gamma5) - 1.0 / (current_loss - g.gamma5))
             self.offset = 0.0
 
-    def lower(self, batch_lo: float, batch_hi: float) -> float:
-        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0)."""
+    def affine(self, batch):
+        """j at WA batch `batch` and R = 0 before any clipping. Affine in the batch, so its
+        rate-weighted mean over a cluster's types is its value at the cluster's WA batch, and it
+        is never above the true j (the numerator and j are clipped at 0; R only adds)."""
+        return (self.gamma2 * batch + self.gamma3) * self.scale - self.offset
+
+    def lower(self, batch_lo, batch_hi):
+        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays."""
         batch = batch_hi if self.gamma2 < 0 else batch_lo
-        numerator = max(self.gamma2 * batch + self.gamma3, 0.0)
-        return max(numerator * self.scale - self.offset, 0.0)
+        numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
+        return np.maximum(numerator * self.scale - self.offset, 0.0)

@@ -1,40 +1,14 @@
-"""Brute force: score every composition within the bounds. Only for checking the exact solver
-(tests, `spotfill bench planner`) on problems small enough to enumerate."""
+"""Brute force: score every composition within the bounds (exact.search_all). For checking the
+exact solver's branch and bound (tests, `spotfill bench planner`) on problems small enough to
+enumerate."""
 from __future__ import annotations
 
-import numpy as np
-
-from tasks.planner.exact import Incumbent, pick_best
-from tasks.planner.problem import COST_TIE_REL, Problem, better
-
-CHUNK_ROWS = 1 << 18
-
-
-def composition_count(problem: Problem) -> int:
-    return int(np.prod((problem.upper - problem.lower + 1).astype(object)))
+from tasks.planner.exact import Incumbent, search_all
+from tasks.planner.problem import Problem
 
 
 def solve_brute_force(problem: Problem, budgets_s: list[float] | None = None) -> list[Incumbent]:
     """The best plan for each budget (default: the problem's own), from one pass over every
     composition."""
     budgets_s = [problem.budget_s] if budgets_s is None else budgets_s
-    lower, radix = problem.lower, problem.upper - problem.lower + 1
-    strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]])
-    total = composition_count(problem)
-    best = [Incumbent() for _ in budgets_s]
-    for start in range(0, total, CHUNK_ROWS):
-        idx = np.arange(start, min(total, start + CHUNK_ROWS), dtype=np.int64)
-        counts = (idx[:, None] // strides) % radix + lower
-        r = problem.evaluate(counts)
-        for b, budget_s in enumerate(budgets_s):
-            ok = np.flatnonzero((r["time_s"] <= budget_s * (1 + COST_TIE_REL)) & (r["workers"] > 0))
-            if not len(ok):
-                continue
-            i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
-                             counts[ok][:, problem.name_order])]
-            cand = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
-            cur = best[b]
-            if cur.counts is None or better(cand.cost, cand.time_s, cand.workers, cur.cost, cur.time_s, cur.workers,
-                                            problem.tie_key(cand.counts), problem.tie_key(cur.counts)):
-                best[b] = cand
-    return best
+    return [best for best, _ in search_all(problem, "cost", budgets_s)]

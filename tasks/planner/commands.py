@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="re-plan mid-training from this loss")
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
+    p.add_argument("--regions", default=None,
+                   help="R1,R2 or all: plan over offers (TYPE@REGION) at catalog prices, with every "
+                        "catalog type sharing a GPU model with a measured one (estimated)")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
                    help="meet the deadline at the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--out", type=cli_args.output_file, default=None, help="also write the plan as JSON to this file (atomically)")
@@ -83,12 +86,14 @@ def plan(args: argparse.Namespace) -> int:
     from tasks.atomic import atomic_write_json
     from tasks.cli import print_json
     from tasks.planner import PlanRequest, solve
+    from tasks.planner.offers import parse_regions
     from tasks.profile import load_profile
 
     request = PlanRequest(
         profile=load_profile(args.profile), loss_target=args.loss, deadline_s=args.deadline,
         existing=args.existing, quota=args.quota, overhead_s=args.overhead,
         current_loss=args.current_loss, bandwidth_margin=args.bandwidth_margin, solver=args.solver,
+        regions=() if args.regions is None else parse_regions(args.regions),
         confidence=args.confidence,
     )
     result = solve(request)
@@ -103,12 +108,14 @@ def plan(args: argparse.Namespace) -> int:
 
 def format_plan(request, result) -> str:
     """The plan as a table people read: one row per type, then the prediction."""
-    profile = request.profile
-    rows = [f"{'type':<16}{'count':>6}{'existing':>10}{'$/h each':>10}{'$/h':>9}"]
+    width = max([16] + [len(name) + 2 for name in result.plan])
+    rows = [f"{'type':<{width}}{'count':>6}{'existing':>10}{'$/h each':>10}{'$/h':>9}"]
     for name, n in sorted(result.plan.items()):
-        price = profile.instance(name).spot_price
-        rows.append(f"{name:<16}{n:>6}{request.existing.get(name, 0):>10}{price:>10.4f}{n * price:>9.4f}")
-    rows.append(f"{'total':<16}{sum(result.plan.values()):>6}{sum(request.existing.values()):>10}{'':>10}{result.usd_per_h:>9.4f}")
+        offer = (result.offers or {}).get(name)
+        price = offer["spot_usd_per_h"] if offer else request.profile.instance(name).spot_price
+        note = f"  estimated from {offer['estimated_from']}" if offer and offer["estimated"] else ""
+        rows.append(f"{name:<{width}}{n:>6}{request.existing.get(name, 0):>10}{price:>10.4f}{n * price:>9.4f}{note}")
+    rows.append(f"{'total':<{width}}{sum(result.plan.values()):>6}{sum(request.existing.values()):>10}{'':>10}{result.usd_per_h:>9.4f}")
     rows += [
         "",
         f"predicted time   {result.predicted_time_s:.1f} s of {request.deadline_s:g} s"

@@ -1,6 +1,7 @@
 """The provisioning problem (docs/model.md, Eq. 11-14) and its answer, independent of the solver."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -37,6 +38,10 @@ class PlanRequest:
     target_probability: float = 0.95
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     recovery_s: float = 120.0
+    # Plan over offers (type, region) in these regions ("all": every one the catalog prices)
+    # instead of the profile's types at its prices (offers.py); quota and existing may then
+    # name offers (TYPE@REGION), and quota also types (every region).
+    regions: tuple[str, ...] = ()
     # Meet the deadline at the upper end of the prediction's two-sided interval at this level
     # (tasks/intervals.py; the profile must carry its measured error spread); None: at the centre.
     confidence: float | None = None
@@ -52,6 +57,7 @@ class Problem:
     upper: np.ndarray
     budget_s: float  # deadline minus overhead, divided by time_factor
     time_factor: float = 1.0  # upper end of the confidence interval / central prediction
+    offers: dict | None = None  # name -> offers.Offer when planning over regions
 
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
@@ -84,6 +90,7 @@ class PlanResult:
     fastest_time_s: float | None = None  # set when infeasible
     message: str = ""
     meet_probability: float | None = None  # solver="risk": estimated P(meeting the deadline)
+    offers: dict[str, dict] | None = None  # planning over regions: each planned offer (Offer.to_json)
     # with a confidence level: level, time_factor, upper_time_s, central_cost_usd (the plan at
     # the centre's cost) and extra_cost_usd (what meeting the deadline at the upper end adds)
     confidence: dict | None = None
@@ -103,6 +110,7 @@ class PlanResult:
             "cc": self.cc,
             "solver": self.solver,
             "solve_seconds": self.solve_seconds,
+            **({} if self.offers is None else {"offers": self.offers}),
             **({} if self.confidence is None else {"confidence": self.confidence}),
         }
 
@@ -116,6 +124,12 @@ def _check_counts(profile: Profile, counts: dict[str, int], what: str) -> None:
 
 def build_problem(req: PlanRequest) -> Problem:
     """Validate a request against its profile; every message names the offending value."""
+    offers = None
+    if req.regions:
+        from tasks.planner.offers import market_profile
+
+        market, offers = market_profile(req.profile, tuple(req.regions), req.quota)
+        req = dataclasses.replace(req, profile=market, quota={}, regions=())
     profile = req.profile
     g5 = profile.loss.gamma5
     if not math.isfinite(req.deadline_s) or req.deadline_s <= 0:
@@ -164,7 +178,7 @@ def build_problem(req: PlanRequest) -> Problem:
             f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
         )
     factor = 1.0 if req.confidence is None else time_factor(profile, req.confidence, "confidence")
-    return Problem(req, model, lower, upper, budget_s / factor, factor)
+    return Problem(req, model, lower, upper, budget_s / factor, factor, offers)
 
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
@@ -193,10 +207,11 @@ def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status
                           fastest_time_s, message)
     r = problem.evaluate(counts)
     plan = {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
+    offers = None if problem.offers is None else {name: problem.offers[name].to_json() for name in plan}
     return PlanResult(
         status=status, plan=plan,
         predicted_time_s=float(r["time_s"][0]), predicted_cost_usd=float(r["cost_usd"][0]),
         iterations=float(r["iterations"][0]), wa_batch=float(r["wa_batch"][0]), cc=float(r["cc"][0]),
         usd_per_h=float(r["usd_per_h"][0]), solver=solver, solve_seconds=solve_s, evaluated=evaluated,
-        message=message,
+        message=message, offers=offers,
     )
