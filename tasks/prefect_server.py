@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 3.0  # an ephemeral SQLite server: a quick SIGKILL loses nothing
 
 
 def _free_port() -> int:
