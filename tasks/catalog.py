@@ -14,6 +14,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from tasks import cli_args
 from tasks.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,12 +42,14 @@ def _price(value) -> float | None:
 def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
     """{type: {region-ish AZ prefix: {current, mean, min, max, samples}}} for Linux/UNIX rows."""
     by_type_az: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
-    with tsv_path.open() as f:
-        for row in csv.reader(f, delimiter="\t"):
-            if len(row) != 5 or row[2] != "Linux/UNIX":
-                continue
-            az_id, itype, _, price, ts = row
-            by_type_az[(itype, az_id)].append((ts, float(price)))
+    text = tsv_path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        raise UserInputError(f"{tsv_path} is truncated (its last line has no end)")
+    for row in csv.reader(text.splitlines(), delimiter="\t"):
+        if len(row) != 5 or row[2] != "Linux/UNIX":
+            continue
+        az_id, itype, _, price, ts = row
+        by_type_az[(itype, az_id)].append((ts, float(price)))
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (itype, az_id), rows in sorted(by_type_az.items()):
         rows.sort()
@@ -57,6 +60,17 @@ def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]
 
 
 def build_catalog(sources: Path = SOURCES) -> dict:
+    """The catalog from the three source files; a missing or malformed one is a UserInputError."""
+    try:
+        return _build_catalog(sources)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        if isinstance(err, UserInputError):
+            raise
+        raise UserInputError(f"catalog sources in {sources} are malformed or truncated "
+                             f"({type(err).__name__}: {str(err)[:120]})") from None
+
+
+def _build_catalog(sources: Path) -> dict:
     try:
         instances = json.loads((sources / "ec2-gpu-instances.json").read_text())
         advisor = json.loads((sources / "spot-advisor-data.json").read_text())
@@ -105,10 +119,17 @@ def build_catalog(sources: Path = SOURCES) -> dict:
 
 
 def load_catalog(path: Path = CATALOG) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserInputError(f"instance catalog not found: {path} (run `spotfill catalog build`)") from None
+    from tasks.inputs import read_json
+
+    catalog = read_json(path, "instance catalog")
+    if not isinstance(catalog, dict) or not isinstance(catalog.get("types"), list):
+        raise UserInputError(f"instance catalog {path} has no list of types: run `spotfill catalog build`")
+    return catalog
+
+
+def catalog_regions(path: Path = CATALOG) -> set[str]:
+    """Every region some type of the catalog is priced in."""
+    return {region for t in load_catalog(path)["types"] for region in t["regions"]}
 
 
 def catalog_instance_types(region: str = "us-east-1", path: Path = CATALOG):
@@ -135,10 +156,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     b = verbs.add_parser("build", help="rebuild profiles/instance-catalog.json from profiles/sources/")
     b.add_argument("--sources", default=str(SOURCES))
-    b.add_argument("--out", default=str(CATALOG))
+    b.add_argument("--out", type=cli_args.output_file, default=str(CATALOG))
     b.set_defaults(handler=_build)
     s = verbs.add_parser("show", help="print the types priced in a region")
-    s.add_argument("--region", default="us-east-1")
+    s.add_argument("--region", type=cli_args.region, default="us-east-1")
     s.set_defaults(handler=_show)
 
 

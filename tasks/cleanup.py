@@ -7,18 +7,22 @@ themselves, at the end, on failure and on cancellation).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from tasks import cli_args, run_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cleanup", help="terminate every instance a run started")
-    p.add_argument("--run-id", required=True, help="the run whose instances to terminate")
-    p.add_argument("--provider", choices=["aws", "local"], default="aws")
-    p.add_argument("--region", default=None, help="AWS region (default: the config's, else us-east-1)")
+    p.add_argument("--run-id", required=True, type=cli_args.identifier, help="the run whose instances to terminate")
+    p.add_argument("--provider", choices=["aws", "local"], default=None,
+                   help="default: local if a local run has this id (any folder), else aws")
+    p.add_argument("--region", type=cli_args.region, default=None,
+                   help="AWS region (default: the config's, else us-east-1)")
     p.add_argument("--config", type=Path, default=None, help="AWS provider config (JSON, fields of AwsConfig)")
-    p.add_argument("--endpoint-url", default=None, help="another EC2 endpoint (moto)")
-    p.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="the local provider's run folders")
+    p.add_argument("--endpoint-url", type=cli_args.endpoint_url, default=None, help="another EC2 endpoint (moto)")
+    p.add_argument("--artifacts", type=Path, default=None,
+                   help="the local provider's run folders (default: where the run was started)")
     p.add_argument("--wait", action="store_true", help="wait until terminated, then delete the run's security group")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=_run)
@@ -27,17 +31,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _aws_config(args: argparse.Namespace) -> dict:
     from tasks.errors import UserInputError
 
+    from tasks.inputs import read_json
+
     data: dict = {}
     if args.config is not None:
-        try:
-            data = json.loads(args.config.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserInputError(f"cannot read AWS config {args.config}: {err}") from None
+        data = read_json(args.config, "AWS config")
+        if not isinstance(data, dict):
+            raise UserInputError(f"AWS config {args.config} is not a JSON object")
     if args.region:
         data["region"] = args.region
     if args.endpoint_url:
         data["endpoint_url"] = args.endpoint_url
     return data
+
+
+def _local_artifacts(run_id: str, given: Path | None) -> Path:
+    """The artifacts folder that holds local run `run_id`; an unknown run is a UserInputError."""
+    from tasks.errors import UserInputError
+    from tasks.providers.local import TABLE
+
+    candidates = [given] if given is not None else [run_registry.artifacts_dir_of(run_id), Path("artifacts")]
+    for folder in filter(None, candidates):
+        if (folder / run_id / TABLE).is_file():
+            return folder
+    where = given if given is not None else "the run registry or ./artifacts"
+    raise UserInputError(f"no local run {run_id!r} found in {where}")
 
 
 def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
@@ -61,10 +79,12 @@ def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artif
 def _run(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
 
-    terminated, where = cleanup_run(args.provider, args.run_id, artifacts_dir=args.artifacts,
-                                    aws_config=_aws_config(args) if args.provider == "aws" else None, wait=args.wait)
+    provider_name = args.provider or ("local" if run_registry.artifacts_dir_of(args.run_id) else "aws")
+    artifacts = _local_artifacts(args.run_id, args.artifacts) if provider_name == "local" else Path("artifacts")
+    terminated, where = cleanup_run(provider_name, args.run_id, artifacts_dir=artifacts,
+                                    aws_config=_aws_config(args) if provider_name == "aws" else None, wait=args.wait)
     if args.json:
-        print_json({"provider": args.provider, "run_id": args.run_id, "where": where, "terminated": terminated})
+        print_json({"provider": provider_name, "run_id": args.run_id, "where": where, "terminated": terminated})
     else:
-        print(f"terminated {terminated} instance(s) of run {args.run_id} ({args.provider}, {where})")
+        print(f"terminated {terminated} instance(s) of run {args.run_id} ({provider_name}, {where})")
     return 0

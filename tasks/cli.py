@@ -1,16 +1,20 @@
 """The `spotfill` command line (docs/cli.md).
 
 Start-up stays light: each subcommand lives in its own module and imports torch, Prefect or boto3
-only inside its handler. Bad input is one line on stderr and exit status 2, never a traceback.
+only inside its handler. Bad input is one line on stderr and exit status 2, never a traceback:
+main() is the one place that turns the errors bad input raises (UserInputError, an unreadable or
+non-UTF-8 file, JSON nested too deeply, a number out of range) into that line. Ctrl-C exits 130
+and SIGTERM 143, each with one line, after the command's own clean-up ran.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import signal
 import sys
+import warnings
 
-from tasks.errors import UserInputError
 
 # Each module defines `register(subparsers)`, adding one subcommand whose handler is set with
 # `set_defaults(handler=...)`; a handler returns the process exit status.
@@ -47,19 +51,69 @@ def print_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, allow_nan=False) + "\n")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that `finally` clean-up runs (like KeyboardInterrupt)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def one_line(err: BaseException) -> str:
+    """The message of an error bad input caused, as one line naming the problem."""
+    if isinstance(err, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start})"
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename is not None else ""
+        return f"{err.strerror}{where}"
+    if isinstance(err, RecursionError):
+        return "input nested too deeply (JSON or YAML deeper than Python can read)"
+    if isinstance(err, OverflowError):
+        return f"a number is out of range ({err})"
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+# Errors a handler lets through only when its input was bad; anything else is a bug and keeps its
+# traceback. ValueError covers UserInputError, json.JSONDecodeError and pydantic's ValidationError.
+INPUT_ERRORS = (ValueError, OSError, RecursionError, OverflowError)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
-    except UserInputError as err:
-        sys.stderr.write(f"spotfill: error: {err}\n")
-        return 2
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed
+        return int(exit_.code or 0)
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _in_main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with warnings.catch_warnings():
+            # Inputs that would overflow numpy are refused up front; what numpy still says about
+            # an intermediate value (overflow in exp, 0/0 masked later) is not the user's business.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return int(args.handler(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    except INPUT_ERRORS as err:
+        sys.stderr.write(f"spotfill: error: {one_line(err)}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("spotfill: interrupted\n")
         return 130
+    except Terminated:
+        sys.stderr.write("spotfill: terminated\n")
+        return 143
+    finally:
+        if _in_main_thread():
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

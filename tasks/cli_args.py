@@ -1,8 +1,36 @@
-"""Parsers for the CLI's shared value formats (`TYPE=N,TYPE=N`, positive numbers)."""
+"""Parsers for the CLI's shared value formats (`TYPE=N,TYPE=N`, positive numbers, durations,
+identifiers, output paths). Each checks its value fully at parse time, before anything starts."""
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
+import warnings
+from pathlib import Path
+
+# Counts and quotas above this are almost surely a typo (and beyond int64 they crash numpy); a user
+# who means them raises the limit knowingly with SPOTFILL_MAX_COUNT.
+DEFAULT_MAX_COUNT = 1000
+# Durations (deadlines, timeouts): past ten years a number is a typo and overflows time arithmetic.
+MAX_DURATION_S = 10 * 365 * 86400.0
+MAX_SEED = 2**32 - 1
+MAX_BATCH_SIZE = 65536  # numpy's seed range
+_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
+
+
+def max_count() -> int:
+    """The largest count or quota accepted: SPOTFILL_MAX_COUNT, else DEFAULT_MAX_COUNT."""
+    text = os.environ.get("SPOTFILL_MAX_COUNT", "")
+    return int(text) if text.isdigit() and len(text) < 19 else DEFAULT_MAX_COUNT
+
+
+def check_count(what: str, n: int) -> int:
+    limit = max_count()
+    if n > limit:
+        raise argparse.ArgumentTypeError(
+            f"{what} is {n}, above the limit of {limit} (set SPOTFILL_MAX_COUNT to raise it)")
+    return n
 
 
 def counts(text: str) -> dict[str, int]:
@@ -20,6 +48,7 @@ def counts(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(f"count for {name} is not an integer: {value!r}") from None
         if n < 0:
             raise argparse.ArgumentTypeError(f"count for {name} is negative: {n}")
+        check_count(f"count for {name}", n)
         if name in result:
             raise argparse.ArgumentTypeError(f"type {name} given twice")
         result[name] = n
@@ -67,11 +96,198 @@ def finite_float(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
+def _int(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if not 0 < value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be a positive integer below 2^63, got {text[:40]}")
     return value
+
+
+def positive_count(text: str) -> int:
+    """A positive count (workers, replays, parallel runs), at most SPOTFILL_MAX_COUNT."""
+    return check_count("the count", positive_int(text))
+
+
+def batch_size(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"batch size {value} is above {MAX_BATCH_SIZE}")
+    return value
+
+
+def seed(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"seed must be in 0..{MAX_SEED}, got {text[:40]}")
+    return value
+
+
+def duration_s(text: str) -> float:
+    """A positive, finite number of seconds of at most ten years."""
+    value = positive_float(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text} s is more than ten years")
+    return value
+
+
+def nonnegative_duration_s(text: str) -> float:
+    value = nonnegative_float(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text} s is more than ten years")
+    return value
+
+
+def is_identifier(text: str) -> bool:
+    """1-64 letters, digits, '.', '_' or '-', not starting with '.' (so never '..', a hidden
+    folder or a path): safe as a folder or file name."""
+    return bool(_ID.match(text))
+
+
+def identifier(text: str) -> str:
+    """A run id or other name that becomes a folder (see is_identifier)."""
+    if not is_identifier(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} must be 1-64 letters, digits, '.', '_' or '-', not starting with '.'")
+    return text
+
+
+def _check_name_lengths(path: Path) -> None:
+    if len(os.fsencode(str(path))) >= 4096 or any(len(os.fsencode(p)) > 255 for p in path.parts):
+        raise argparse.ArgumentTypeError(f"path too long: {str(path)[:80]}...")
+
+
+def _first_existing(path: Path) -> Path:
+    """The nearest ancestor (or the path itself) that exists; a file in the way is an error."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+        if candidate.is_symlink():  # a dangling link: writing would follow it
+            raise argparse.ArgumentTypeError(f"{candidate} is a dangling symbolic link")
+    return Path.cwd()
+
+
+def _check_writable_dir(existing: Path, target: Path) -> None:
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {target}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {target}: {existing} is read-only")
+
+
+def output_file(text: str) -> Path:
+    """A file the command will write: not a folder, not under a file, its folder writable."""
+    path = Path(text).expanduser().absolute()
+    if not text:
+        raise argparse.ArgumentTypeError("empty output path")
+    _check_name_lengths(path)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text} is read-only")
+        return path
+    _check_writable_dir(_first_existing(path.parent), path)
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """A folder the command will write into (created if missing): not a file, not under one."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty output folder")
+    path = Path(text).expanduser().absolute()
+    _check_name_lengths(path)
+    _check_writable_dir(_first_existing(path), path)
+    return path
+
+
+def file_stem(name: str) -> str:
+    """`name` made safe as part of a file name (a profile's workload may be `../../x` or `a:b`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:64] or "unnamed"
+
+
+def endpoint_url(text: str) -> str:
+    """An http(s) URL with a host (an endpoint such as moto's); anything else fails here, not
+    deep in botocore."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"malformed endpoint URL {text[:80]!r}: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"endpoint URL must be http(s)://HOST[:PORT], got {text[:80]!r}")
+    return text
+
+
+def region(text: str) -> str:
+    """A region the instance catalog knows (an unknown one would silently price nothing)."""
+    from tasks.catalog import catalog_regions
+
+    known = catalog_regions()
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown region {text[:40]!r}; the catalog has {', '.join(sorted(known)[:8])}, ...")
+    return text
+
+
+# A model above this many parameters does not fit the local provider's emulated GPUs (a typo such
+# as width=1000000 would take the machine's memory): SPOTFILL_MAX_PARAMS raises it.
+DEFAULT_MAX_PARAMS = 2_000_000_000
+
+
+def runtime_errors_in_one_line(handler):
+    """A run that fails once started (a process died, a timeout) is one line on stderr and exit
+    status 1: the input was fine, the run was not."""
+
+    def run(args) -> int:
+        import sys
+
+        try:
+            return handler(args)
+        except (RuntimeError, TimeoutError) as err:
+            sys.stderr.write(f"spotfill: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
+            return 1
+
+    return run
+
+
+def check_workload(spec: str, options: dict) -> None:
+    """Build the workload once on torch's meta device (no memory), so that a bad name, a bad or
+    non-finite option, or a model too large fails here, before any process starts; then the
+    plug-in contract's check (tasks.runtime.workloads.check_workload: one real training step)."""
+    import torch
+
+    from tasks.cli import one_line
+    from tasks.errors import UserInputError
+    from tasks.runtime.workloads import build_workload, check_workload as check_contract
+
+    for key, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(f"workload option {key}={value} is not a finite number")
+        if isinstance(value, int) and abs(value) >= 2**31:
+            raise UserInputError(f"workload option {key}={value} is out of range")
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on zero-element tensors: reported below
+            built = build_workload(spec, options)
+        sizes = [p.numel() for p in built.model.parameters()]
+    except UserInputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a builder's own check (negative width, ...) or a meta gap
+        raise UserInputError(f"workload {spec!r} cannot be built with options {options}: {one_line(err)}") from None
+    if not sizes or 0 in sizes:
+        raise UserInputError(f"workload {spec!r} with options {options} builds a layer with no parameters "
+                             "(a size option of 0?)")
+    n_params = sum(sizes)
+    text = os.environ.get("SPOTFILL_MAX_PARAMS", "")
+    limit = int(text) if text.isdigit() and len(text) < 19 else DEFAULT_MAX_PARAMS
+    if n_params > limit:
+        raise UserInputError(f"workload {spec!r} with options {options} has {n_params} parameters, above the "
+                             f"limit of {limit} (set SPOTFILL_MAX_PARAMS to raise it)")
+    check_contract(spec, options)

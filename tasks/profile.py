@@ -5,7 +5,6 @@ as the numbers it reads.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,15 +121,8 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
+    from tasks.inputs import loads_json, read_text
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserInputError(f"profile not found: {path}") from None
-    except OSError as err:
-        raise UserInputError(f"cannot read profile {path}: {err.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserInputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    data = loads_json(read_text(path, "profile"), str(path))
     return profile_from_dict(data, source=str(path))

@@ -12,6 +12,7 @@ import pytest
 _PREFECT_HOME = tempfile.mkdtemp(prefix="spotfill-prefect-home-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ["SPOTFILL_STATE_DIR"] = tempfile.mkdtemp(prefix="spotfill-state-")  # the run registry: not ~
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"

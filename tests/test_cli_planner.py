@@ -48,8 +48,8 @@ def test_plan_out_file_is_written(tmp_path):
     "args, message",
     [
         (["plan", "missing.json", "--loss", "0.8", "--deadline", "100"], "profile not found"),
-        (["plan", PROFILE, "--loss", "0.8", "--deadline", "0"], "deadline must be a positive"),
-        (["plan", PROFILE, "--loss", "0.8", "--deadline", "-3"], "deadline must be a positive"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "0"], "--deadline: must be a positive"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "-3"], "--deadline: must be a positive"),
         (["plan", PROFILE, "--loss", "0.5", "--deadline", "3000"], "unreachable"),
         (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--existing", "zz.big=1"], "unknown instance type"),
         (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quota", "p3.2xlarge=1", "--existing",

@@ -73,7 +73,7 @@ def test_simulate_rejects_a_trace_of_a_family_the_profile_lacks(capsys, tmp_path
 
 @pytest.mark.parametrize("args, message", [
     (["--deadline", "3000", "--level", "1.5", "--band", G3_BANDS], "--level must be a probability"),
-    (["--deadline", "3000", "--replays", "0", "--band", G3_BANDS], "--replays must be at least 1"),
+    (["--deadline", "3000", "--replays", "0", "--band", G3_BANDS], "--replays: must be a positive integer"),
     (["--deadline", "3000", "--band", "g3.8xlarge=7,g3.16xlarge=4"], "band for g3.8xlarge must be 0..4"),
     (["--deadline", "3000", "--band", G3_BANDS, "--traces", str(REPO / "nope.csv")], "trace not found"),
 ])

@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay real spot revocations and prices against every policy")
     p.add_argument("profile")
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
-    p.add_argument("--deadline", required=True, type=cli_args.positive_float, help="seconds")
-    p.add_argument("--replays", type=int, default=None, help=f"replays per policy (default {FULL_REPLAYS}, "
+    p.add_argument("--deadline", required=True, type=cli_args.duration_s, help="seconds")
+    p.add_argument("--replays", type=cli_args.positive_count, default=None, help=f"replays per policy (default {FULL_REPLAYS}, "
                                                               f"--quick {QUICK_REPLAYS})")
     p.add_argument("--level", type=cli_args.positive_float, default=0.95,
                    help="the risk-aware planner's target probability of meeting the deadline")
@@ -29,11 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="revoke every type by a Poisson process at its hazard (trace rate or band) "
                         "instead of replaying trace windows")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
-    p.add_argument("--overhead", type=cli_args.nonnegative_float, default=120.0,
+    p.add_argument("--overhead", type=cli_args.nonnegative_duration_s, default=120.0,
                    help="seconds a new instance takes to start and join (T_ohd)")
-    p.add_argument("--region", default="us-east-1", help="region of the bands and the price history")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", default="artifacts", help="where the PNG goes")
+    p.add_argument("--region", type=cli_args.region, default="us-east-1", help="region of the bands and the price history")
+    p.add_argument("--seed", type=cli_args.seed, default=0)
+    p.add_argument("--out-dir", type=cli_args.output_dir, default="artifacts", help="where the PNG goes")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_REPLAYS} replays per policy")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=_run)
@@ -48,8 +48,6 @@ def _run(args: argparse.Namespace) -> int:
     from tasks.profile import load_profile
 
     replays = args.replays if args.replays is not None else (QUICK_REPLAYS if args.quick else FULL_REPLAYS)
-    if replays < 1:
-        raise UserInputError(f"--replays must be at least 1, got {replays}")
     if not 0 < args.level < 1:
         raise UserInputError(f"--level must be a probability in (0, 1), got {args.level}")
     profile = load_profile(args.profile)
@@ -65,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
                   quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed,
                   synthetic=args.synthetic)
     result = run_study(study)
-    result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{profile.workload}-{args.deadline:g}s.png"))
+    result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{cli_args.file_stem(profile.workload)}-{args.deadline:g}s.png"))
     if args.json:
         print_json(result)
     else:

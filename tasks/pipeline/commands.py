@@ -1,5 +1,6 @@
 """`spotfill run`: the main job, the train-with-slo flow, on the embedded `local` provider by
-default (Prefect runs it in an ephemeral server unless PREFECT_API_URL points at a real one)."""
+default, in a temporary Prefect server this command starts and stops (tasks/prefect_server.py)
+unless PREFECT_API_URL points at a real one."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default=DEMO["workload"])
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
-    p.add_argument("--deadline", type=cli_args.positive_float, default=DEMO["deadline_s"], help="seconds")
+    p.add_argument("--deadline", type=cli_args.duration_s, default=DEMO["deadline_s"], help="seconds")
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
@@ -42,16 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
                    help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
-    p.add_argument("--region", default="us-east-1")
+    p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
     p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
                    help="trace seconds per real second")
-    p.add_argument("--revoke-at", type=cli_args.nonnegative_float, action="append", default=[],
+    p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
                    help="also revoke one worker this many seconds after launch (repeatable)")
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
-    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=cli_args.runtime_errors_in_one_line(run))
 
 
 def demo_request(artifacts_dir: str = "artifacts"):
@@ -89,12 +90,52 @@ def build_request(args: argparse.Namespace):
                          "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},
             "filling": {"enabled": not args.no_filling},
-            "artifacts_dir": args.artifacts,
-        })
+            "artifacts_dir": str(args.artifacts),
+        }, context={"local_user": True})  # the local user may run any plug-in (tasks/plugin_policy.py)
     except ValidationError as err:
         from tasks.profile import format_validation_error
 
         raise UserInputError(format_validation_error(err, "run parameters")) from None
+
+
+def check_request(request) -> None:
+    """Everything `run` can check before it starts a Prefect server or a process: the workload and
+    its options, the profile, the trace, the candidate types (local)."""
+    from tasks.errors import UserInputError
+
+    cli_args.check_workload(request.workload, request.workload_options)
+    if request.profile is not None:
+        from tasks.profile import load_profile
+
+        load_profile(request.profile)
+    local = request.provider.name == "local"
+    if local and request.provider.revocations.trace:
+        from tasks.market.traces import load_trace
+
+        load_trace(trace_path(request.provider.revocations.trace))
+    if local:
+        from tasks.providers.local import default_types
+
+        offered = [t.name for t in default_types()[0]]
+        unknown = [t for t in request.candidates.types if t not in offered]
+        if unknown:
+            raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
+
+
+def trace_path(name: str):
+    """A trace file given by path, or by name under profiles/traces/ (never outside it)."""
+    from pathlib import Path
+
+    from tasks.errors import UserInputError
+    from tasks.market.traces import TRACE_DIR
+
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = (TRACE_DIR / name).resolve()
+    if shipped.parent != TRACE_DIR.resolve():
+        raise UserInputError(f"trace {name!r} is neither a file nor a trace name under profiles/traces/")
+    return shipped
 
 
 def prefect_defaults() -> None:
@@ -106,11 +147,20 @@ def prefect_defaults() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.runtime.workloads import check_workload
+    import os
+    from pathlib import Path
+
+    from tasks.prefect_server import temporary_server
 
     request = build_request(args)
-    check_workload(request.workload, request.workload_options)  # before Prefect or any process starts
+    check_request(request)
     prefect_defaults()
+    startup_timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
+        return _run_flow(request, args)
+
+
+def _run_flow(request, args: argparse.Namespace) -> int:
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline import stages
     from tasks.progress import ProgressBar

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -111,6 +111,15 @@ class TrainRequest(BaseModel):
     drift_action: Literal["inline", "automation"] = Field(
         "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
     artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
+
+    @model_validator(mode="after")
+    def _workload_allowed(self, info: ValidationInfo) -> "TrainRequest":
+        """Deployments run only allow-listed plug-ins; the CLI validates with context local_user."""
+        if not (info.context or {}).get("local_user"):
+            from tasks.plugin_policy import check_deployment_workload
+
+            check_deployment_workload(self.workload)
+        return self
 
     @model_validator(mode="after")
     def _profile_exists(self) -> "TrainRequest":

@@ -21,11 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="the cheapest cluster that reaches the loss before the deadline")
     p.add_argument("profile")
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
-    p.add_argument("--deadline", required=True, type=cli_args.finite_float, help="seconds")
+    p.add_argument("--deadline", required=True, type=cli_args.duration_s, help="seconds")
     p.add_argument("--solver", choices=["exact", "heuristic"], default="exact")
     p.add_argument("--existing", type=cli_args.counts, default={}, help="TYPE=N,... already running")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
-    p.add_argument("--overhead", type=cli_args.nonnegative_float, default=0.0,
+    p.add_argument("--overhead", type=cli_args.nonnegative_duration_s, default=0.0,
                    help="seconds taken off the deadline for starting new instances (T_ohd)")
     p.add_argument("--current-loss", type=cli_args.finite_float, default=None,
                    help="re-plan mid-training from this loss")
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "catalog type sharing a GPU model with a measured one (estimated)")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
                    help="meet the deadline at the upper end of the prediction's interval at this level, in (0, 1)")
-    p.add_argument("--out", default=None, help="also write the plan as JSON to this file (atomically)")
+    p.add_argument("--out", type=cli_args.output_file, default=None, help="also write the plan as JSON to this file (atomically)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=plan)
 

@@ -4,50 +4,36 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks.cli_args import positive_float, positive_int
+from tasks import cli_args
+from tasks.cli_args import positive_float, runtime_errors_in_one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure a workload's model parameters on the local provider and fit them")
     _common(p)
     p.add_argument("--force", action="store_true", help="profile again even if a cached profile matches")
-    p.set_defaults(handler=_runtime_errors_in_one_line(_profile))
+    p.set_defaults(handler=runtime_errors_in_one_line(_profile))
 
     v = sub.add_parser("validate", help="train held-out clusters to a loss target and compare with the prediction")
     _common(v)
     v.add_argument("--profile", type=Path, default=None,
                    help="profile to validate (default: the preset's cached profile, profiled first if missing)")
-    v.add_argument("--loss", type=float, default=None, help="loss target (default: the preset's)")
-    v.add_argument("--parallel", type=int, default=None, help="validation runs at once (default: the preset's)")
-    v.add_argument("--repeats", type=positive_int, default=None,
+    v.add_argument("--loss", type=cli_args.positive_float, default=None, help="loss target (default: the preset's)")
+    v.add_argument("--parallel", type=cli_args.positive_count, default=None, help="validation runs at once (default: the preset's)")
+    v.add_argument("--repeats", type=cli_args.positive_count, default=None,
                    help="runs per configuration, observed = their mean (default: the preset's)")
-    v.set_defaults(handler=_runtime_errors_in_one_line(_validate))
-
-
-def _runtime_errors_in_one_line(handler):
-    """A run that fails (a process died, a timeout) is one line on stderr and exit status 1."""
-
-    def run(args) -> int:
-        import sys
-
-        try:
-            return handler(args)
-        except (RuntimeError, TimeoutError) as err:
-            sys.stderr.write(f"spotfill: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-            return 1
-
-    return run
+    v.set_defaults(handler=runtime_errors_in_one_line(_validate))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the quick preset (a few minutes on 2 cores)")
-    p.add_argument("--profiles-dir", type=Path, default=Path("profiles"))
-    p.add_argument("--artifacts-dir", type=Path, default=Path("artifacts"))
+    p.add_argument("--profiles-dir", type=cli_args.output_dir, default=Path("profiles"))
+    p.add_argument("--artifacts-dir", type=cli_args.output_dir, default=Path("artifacts"))
     p.add_argument("--workload", default=None, help="a built-in workload or module:function (default: the preset's)")
     p.add_argument("--workload-opt", action="append", default=None, metavar="KEY=VALUE",
                    help="workload option (repeatable; replaces the preset's options)")
-    p.add_argument("--iterations", type=int, default=None, help="single-type profiling iterations (default: 30)")
-    p.add_argument("--cluster-duration", type=float, default=None, help="seconds each profiling cluster trains at least")
+    p.add_argument("--iterations", type=cli_args.positive_count, default=None, help="single-type profiling iterations (default: 30)")
+    p.add_argument("--cluster-duration", type=cli_args.duration_s, default=None, help="seconds each profiling cluster trains at least")
     p.add_argument("--profile-budget-s", type=positive_float, default=None,
                    help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -57,7 +43,7 @@ def _setup(args):
     import dataclasses
 
     from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import check_workload, parse_options
+    from tasks.runtime.workloads import parse_options
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -72,7 +58,7 @@ def _setup(args):
     if args.profile_budget_s is not None:
         changes["cluster_budget_s"] = args.profile_budget_s
     preset = dataclasses.replace(preset, **changes)
-    check_workload(preset.workload, preset.workload_options)  # a bad name, option or plug-in fails here
+    cli_args.check_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation
 

@@ -420,7 +420,8 @@ class AwsProvider(Provider):
         if cfg.instance_profile:
             params["IamInstanceProfile"] = {"Name": cfg.instance_profile}
         if startup is not None:
-            env = {"SPOTFILL_RUN_ID": run_id, "SPOTFILL_PLAN_ID": plan_id, "SPOTFILL_ROLE": role, "AWS_DEFAULT_REGION": cfg.region}
+            env = {"SPOTFILL_RUN_ID": run_id, "SPOTFILL_PLAN_ID": plan_id, "SPOTFILL_ROLE": role, "AWS_DEFAULT_REGION": cfg.region,
+                   "SPOTFILL_PS_BIND": "0.0.0.0"}  # workers are other instances; the security group admits only the run's
             params["UserData"] = user_data_script(startup, env, self.watcher_argv() if market == "spot" else None)
         return params
 

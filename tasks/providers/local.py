@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tasks import run_registry
 from tasks.errors import UserInputError
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
@@ -210,6 +211,7 @@ class LocalProvider(Provider):
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "notices").mkdir(parents=True, exist_ok=True)
         notice_file = run_dir / "notices" / instance_id
+        run_registry.remember(run_id, self.artifacts_dir)  # `spotfill cleanup` finds it from any folder
         itype = self.types[instance_type]
         env = {
             **os.environ, **startup.env,

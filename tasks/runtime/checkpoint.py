@@ -4,13 +4,20 @@ A checkpoint is one file `ckpt-<version>.pt`: a magic line, the SHA-256 of the p
 then the payload (torch.save of a dict). It is written to a temporary file in the same folder,
 fsynced, and renamed into place (os.replace), so a crash leaves either the old set or the new one.
 The newest `KEEP` files are kept. Loading takes the newest file that verifies; one that does not
-is renamed to `*.corrupt` and reported, and the one before it is used.
+is renamed to `*.corrupt` and reported, and the one before it is used. When none verifies, or only
+`*.corrupt` files are left, loading is an error the user sees: a run never silently starts afresh
+over a checkpoint it could not read.
+
+The payload is read with torch.load(weights_only=True): tensors and plain data only. A checksum
+proves only that the file is intact, not who wrote it; a payload that would need a pickle global
+(a crafted file whose __reduce__ runs a command) is refused outright, with no fallback.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import pickle
 import re
 import tempfile
 from pathlib import Path
@@ -27,6 +34,10 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 class CheckpointError(UserInputError):
     """A checkpoint that cannot be used: truncated, altered, or not a checkpoint."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose payload holds more than tensors and plain data (it could run code)."""
 
 
 def path_of(directory: Path, version: int) -> Path:
@@ -89,22 +100,43 @@ def load_checkpoint(path: Path) -> dict:
     payload = data[header_end + 1:]
     if header_end < 0 or hashlib.sha256(payload).hexdigest().encode() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupted (SHA-256 mismatch: truncated or altered)")
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = str(err).splitlines()[-1].strip()[:160] if str(err) else "unsupported global"
+        raise UnsafeCheckpointError(
+            f"checkpoint {path} refused: it holds more than tensors and plain data ({reason})") from None
+    except (RuntimeError, EOFError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({str(err).splitlines()[0][:160]})") from None
 
 
-def load_latest(directory: Path, on_corrupt: Callable[[Path, str], None] | None = None) -> dict | None:
-    """The newest checkpoint that verifies (None when there is none). Corrupted ones are renamed
-    to *.corrupt and reported through `on_corrupt`; if every one is corrupted, CheckpointError."""
-    candidates = list_checkpoints(directory)
-    errors: list[str] = []
-    for path in reversed(candidates):
+def load_latest(directory: Path, on_corrupt: Callable[[Path, str], None] | None = None, *,
+                quarantine: bool = True) -> dict | None:
+    """The newest checkpoint that verifies (None when the folder holds no checkpoint at all).
+
+    A corrupted one before a good one is renamed to *.corrupt (quarantine=False: left as it is)
+    and reported through `on_corrupt`. CheckpointError when none verifies or only *.corrupt files
+    are left; UnsafeCheckpointError at once for a payload that is not tensors and plain data."""
+    failed: list[tuple[Path, str]] = []
+    for path in reversed(list_checkpoints(directory)):
         try:
-            return load_checkpoint(path)
+            state = load_checkpoint(path)
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
-            errors.append(str(err))
-            os.replace(path, path.with_name(path.name + ".corrupt"))
+            failed.append((path, str(err)))
+            continue
+        for bad, error in failed:
+            if quarantine:
+                os.replace(bad, bad.with_name(bad.name + ".corrupt"))
             if on_corrupt:
-                on_corrupt(path, str(err))
-    if errors:
-        raise CheckpointError(f"no usable checkpoint in {directory}: " + "; ".join(errors))
+                on_corrupt(bad, error)
+        return state
+    if failed:
+        raise CheckpointError(f"no usable checkpoint in {directory}: {failed[0][1]} (and {len(failed) - 1} more); "
+                              "move the folder away to start afresh")
+    corrupt = sorted(directory.glob("ckpt-*.pt.corrupt")) if directory.is_dir() else []
+    if corrupt:
+        raise CheckpointError(f"no usable checkpoint in {directory}: only {len(corrupt)} corrupted one(s) "
+                              f"such as {corrupt[-1].name}; move the folder away to start afresh")
     return None

@@ -3,10 +3,15 @@ target loss or a time limit; optionally with revocations replayed from a real sp
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from tasks.cli_args import counts, positive_float, positive_int
+from tasks import cli_args
+from tasks.cli_args import counts, duration_s, positive_float, positive_int
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
+
+# Local workers are processes on this machine: more than this is a typo that would swamp it.
+DEFAULT_MAX_LOCAL_WORKERS = 16
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,25 +19,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", required=True, help="resnet20..resnet110[-cifar100], transformer-lm, or module:function")
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=counts, required=True, help="TYPE=N,... spot workers to launch")
-    p.add_argument("--batch-size", type=positive_int, required=True, help="per worker")
+    p.add_argument("--batch-size", type=cli_args.batch_size, required=True, help="per worker")
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
-    p.add_argument("--timeout-s", type=positive_float, default=600.0, help="stop after this long")
+    p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
     p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap (each shard's)")
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
     p.add_argument("--bandwidth-scale", type=positive_float, default=None,
                    help="shape each worker's traffic to its type's network bandwidth times this")
     p.add_argument("--reference-compute-s", type=positive_float, default=None,
                    help="emulated compute time per iteration of a relative-speed-1 type")
-    p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
+    p.add_argument("--checkpoint-every-s", type=duration_s, default=30.0)
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the PS applies a stale gradient (default: {DEFAULT_RULE}; docs/runtime.md)")
     p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
     p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
-    p.add_argument("--notice-s", type=positive_float, default=5.0, help="revocation notice period")
-    p.add_argument("--run-id", default=None, help="default: train-<time>")
+    p.add_argument("--notice-s", type=duration_s, default=5.0, help="revocation notice period")
+    p.add_argument("--artifacts", type=cli_args.output_dir, default=None,
+                   help="run folders go here (default: the repository's artifacts/)")
+    p.add_argument("--run-id", type=cli_args.identifier, default=None, help="default: train-<time>")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(handler=_train)
+    p.set_defaults(handler=cli_args.runtime_errors_in_one_line(_train))
+
+
+def max_local_workers() -> int:
+    text = os.environ.get("SPOTFILL_MAX_LOCAL_WORKERS", "")
+    return int(text) if text.isdigit() and len(text) < 9 else DEFAULT_MAX_LOCAL_WORKERS
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -42,18 +54,34 @@ def _train(args: argparse.Namespace) -> int:
     from tasks.errors import UserInputError
     from tasks.progress import ProgressBar
     from tasks.providers.local import LocalProvider
-    from tasks.runtime import driver
+    from tasks.runtime import checkpoint, driver
     from tasks.runtime.workloads import parse_options
 
-    if not any(args.workers.values()):
+    # Every input is checked before the first process starts.
+    n_workers = sum(args.workers.values())
+    if not n_workers:
         raise UserInputError("--workers launches no worker")
-    provider = LocalProvider(bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
+    limit = max_local_workers()
+    if n_workers > limit:
+        raise UserInputError(f"--workers starts {n_workers} local worker processes, above the limit of {limit} "
+                             "(set SPOTFILL_MAX_LOCAL_WORKERS to raise it)")
+    provider = LocalProvider(**({"artifacts_dir": args.artifacts} if args.artifacts else {}),
+                             bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
     unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
     if unknown:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
+    options = parse_options(args.workload_opt)
+    cli_args.check_workload(args.workload, options)
+    if args.trace:
+        from tasks.market.traces import load_trace
+
+        load_trace(args.trace)
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
+    # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
+    # not a PS that dies at start-up (nor a silent fresh start).
+    checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
     started_s = time.monotonic()
-    run = driver.start_run(provider, run_id, args.workload, workload_options=parse_options(args.workload_opt),
+    run = driver.start_run(provider, run_id, args.workload, workload_options=options,
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,
                            max_updates=args.max_updates, target_loss=args.target_loss,
                            async_rule=args.async_rule)

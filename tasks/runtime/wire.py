@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import socket
 import time
 
@@ -69,8 +70,10 @@ class Link:
 
 
 def host_store(port: int, timeout_s: float) -> TCPStore:
-    """The PS's store, listening on all interfaces at `port`."""
-    return TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+    """The PS's store at `port`, on the address in SPOTFILL_PS_BIND: 127.0.0.1 unless a provider
+    whose workers are other machines sets it (AWS: 0.0.0.0, behind the run's security group)."""
+    fd = socket.create_server((os.environ.get("SPOTFILL_PS_BIND", "127.0.0.1"), port)).detach()
+    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=fd,
                     timeout=datetime.timedelta(seconds=timeout_s))
 
 
