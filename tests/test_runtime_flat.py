@@ -91,7 +91,8 @@ def test_flat_ps_step_equals_the_per_tensor_step(tmp_path, spec, options, num_sh
     pushes = [(torch.randn(numel, generator=g) * 0.1, base, batch) for base, batch in ((0, 8), (0, 16), (1, 8), (3, 4))]
     expected = _per_tensor_reference(spec, options, pushes, power=0.5)
     servers = [ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload=spec, workload_options=options,
-                                        shard=i, num_shards=num_shards)) for i in range(num_shards)]
+                                        shard=i, num_shards=num_shards, async_rule="sqrt"))
+               for i in range(num_shards)]  # the reference damps by sqrt(1 + staleness)
     for step, (push, base, batch) in enumerate(pushes):
         for ps in servers:
             header = torch.tensor([1.0, step, batch, 2.0, base, 0.1, 0.05, 0, 1, 0], dtype=torch.float64)
