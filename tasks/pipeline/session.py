@@ -83,6 +83,7 @@ class TrainingSession:
         self.replans = 0
         self.revocations = 0
         self.shortfalls: list[dict] = []  # what the market refused, launch by launch
+        self.leaving: set[str] = set()  # workers with a revocation notice: running, but not counted on
         self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
         self.progress_origin: tuple[float, float | None] = (0.0, None)  # (t_s, loss) where the plan in effect began
         self._hazards: dict[str, float] | None = None
@@ -184,8 +185,11 @@ class TrainingSession:
         return result
 
     def alive_workers(self, leaving: set[str] = frozenset()) -> list[Instance]:
+        """Workers that will still run: a worker on notice is not one, neither as a survivor nor
+        as a place the next plan's instances are already taken (its replacement is launched now)."""
+        gone = self.leaving | set(leaving)
         return [i for i in self.provider.describe(self.run_id)
-                if i.role == "worker" and i.state in ("pending", "running") and i.instance_id not in leaving]
+                if i.role == "worker" and i.state in ("pending", "running") and i.instance_id not in gone]
 
     def worker_args(self) -> tuple[str, ...]:
         f = self.request.filling
@@ -273,7 +277,8 @@ class TrainingSession:
     def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset()) -> PlanResult:
         """Re-plan (decide_replan) and launch the takeover; training carries on meanwhile."""
         current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.target_loss else None
-        result = self.decide_replan(reason, obs.t_s, current, leaving)
+        self.leaving |= set(leaving)
+        result = self.decide_replan(reason, obs.t_s, current)
         result = self.launch_plan(result, f"replan-{self.replans}", current)
         self.drift.reset()
         self.progress_origin = (obs.t_s, obs.loss)

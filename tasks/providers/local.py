@@ -193,8 +193,11 @@ class LocalProvider(Provider):
                 return LaunchResult([self._instance(r) for r in mine])
             refused = {}
             if market == "spot" and instance_type in self.capacity:
-                running = sum(1 for r in table["instances"] if r["type"] == instance_type
-                              and r["market"] == "spot" and r["state"] != "terminated")
+                # a revoked instance holds its capacity until its notice runs out, even if its
+                # process left early: the market reclaims it at the deadline, as EC2 does
+                now = time.time()
+                running = sum(1 for r in table["instances"] if r["type"] == instance_type and r["market"] == "spot"
+                              and (r["state"] != "terminated" or (r.get("notice_deadline_s") or 0) > now))
                 free = max(0, self.capacity[instance_type] - running)
                 if free < count:
                     refused[instance_type] = Refusal(instance_type, "capacity", count - free,
