@@ -129,19 +129,19 @@ def seed(text: str) -> int:
     return value
 
 
-def duration_s(text: str) -> float:
-    """A positive, finite number of seconds of at most ten years."""
-    value = positive_float(text)
+def _at_most_ten_years(text: str, value: float) -> float:
     if value > MAX_DURATION_S:
         raise argparse.ArgumentTypeError(f"{text} s is more than ten years")
     return value
+
+
+def duration_s(text: str) -> float:
+    """A positive, finite number of seconds of at most ten years."""
+    return _at_most_ten_years(text, positive_float(text))
 
 
 def nonnegative_duration_s(text: str) -> float:
-    value = nonnegative_float(text)
-    if value > MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"{text} s is more than ten years")
-    return value
+    return _at_most_ten_years(text, nonnegative_float(text))
 
 
 def is_identifier(text: str) -> bool:

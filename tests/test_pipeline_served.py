@@ -129,13 +129,7 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         deployment = next(d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
                           if d["name"] == "train-with-slo")
         runs_dir = tmp_path / "runs"
-        params = {"request": {
-            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
-            "slo": {"target_loss": 1.5, "deadline_s": 600}, "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
-            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
-            "artifacts_dir": str(runs_dir)}}
-        flow_run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": params},
-                              timeout=10).json()
+        flow_run = start_served_run(api, deployment["id"], runs_dir, target_loss=1.5)
         wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the cancelled run's instances")
         r = httpx.post(f"{api}/flow_runs/{flow_run['id']}/set_state",
                        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
@@ -153,6 +147,18 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
     finally:
         stop(served)
         serve_log.close()
+
+
+def start_served_run(api: str, deployment_id: str, runs_dir: Path, target_loss: float) -> dict:
+    """A run of the served train-with-slo deployment on the shipped quick profile, no filling."""
+    params = {"request": {
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+        "slo": {"target_loss": target_loss, "deadline_s": 600},
+        "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+        "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+        "artifacts_dir": str(runs_dir)}}
+    return httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": params},
+                      timeout=10).json()
 
 
 def flow_process_of(runs_dir: Path) -> int | None:
@@ -182,13 +188,7 @@ def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(ser
 
         dep = wait_until(deployment, 240, "the served train-with-slo deployment")
         runs_dir = tmp_path / "runs"
-        params = {"request": {
-            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
-            "slo": {"target_loss": 1.3, "deadline_s": 600}, "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
-            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
-            "artifacts_dir": str(runs_dir)}}
-        flow_run = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": params},
-                              timeout=10).json()
+        flow_run = start_served_run(api, dep["id"], runs_dir, target_loss=1.3)
         wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the run's instances")
         flow_pid = flow_process_of(runs_dir)
         assert flow_pid is not None and flow_pid != served.pid
