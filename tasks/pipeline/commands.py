@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
-    p.add_argument("--profile-budget-s", type=cli_args.positive_float, default=None,
+    p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
                    help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
@@ -100,10 +100,9 @@ def build_request(args: argparse.Namespace):
 
 def check_request(request) -> None:
     """Everything `run` can check before it starts a Prefect server or a process: the workload and
-    its options, the profile, the trace, the candidate types (local)."""
+    its options, the profile, the trace, the candidate types (local); the cheap checks first."""
     from tasks.errors import UserInputError
 
-    cli_args.check_workload(request.workload, request.workload_options)
     if request.profile is not None:
         from tasks.profile import load_profile
 
@@ -120,6 +119,7 @@ def check_request(request) -> None:
         unknown = [t for t in request.candidates.types if t not in offered]
         if unknown:
             raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
+    cli_args.check_workload(request.workload, request.workload_options)  # builds the model, trains one step
 
 
 def trace_path(name: str):
