@@ -146,6 +146,21 @@ def test_the_check_judges_every_mode_against_the_targets_and_counts_the_rounds()
     assert not filling_summary(result)["checks"]["rounds"]["met"]
 
 
+def test_the_check_output_is_strict_json_whatever_numbers_the_sections_return():
+    import json
+
+    import numpy as np
+
+    from tasks.filling.gpu_check import json_safe
+
+    raw = {"r2": np.float64(0.5), "n": np.int64(3), "loss": float("nan"), "cap": np.float32("inf"),
+           "by_batch": {64: [np.float64(1.5), None]}, "arr": np.array([1, 2]), "name": "x"}
+    safe = json_safe(raw)
+    assert safe == {"r2": 0.5, "n": 3, "loss": None, "cap": None, "by_batch": {"64": [1.5, None]},
+                    "arr": [1, 2], "name": "x"}
+    json.dumps(safe, allow_nan=False)
+
+
 def test_bench_gpu_refuses_models_the_gpu_memory_cannot_hold_before_any_section(monkeypatch, capsys):
     """A CUDA machine whose GPU has 50 MiB free: one line naming the model, exit 2, nothing run."""
     from tasks.cli import main

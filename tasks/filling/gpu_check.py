@@ -19,6 +19,7 @@ line naming the model, exit 2. Nothing reached from here imports Prefect or boto
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -227,7 +228,21 @@ def run_bench(quick: bool = True) -> dict:
     result["elapsed_s"] = time.perf_counter() - started_s
     checks = result["filling"].get("checks", {})
     result["targets_met"] = bool(checks) and all(c["met"] for c in checks.values())
-    return result
+    return json_safe(result)
+
+
+def json_safe(value):
+    """`value` with numpy scalars made Python numbers and NaN or infinite floats made None, so the
+    one JSON object (strict: no NaN) always prints at the end of a run that took minutes."""
+    if hasattr(value, "tolist"):  # a numpy (or torch) scalar or array
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _fmt(value, spec: str) -> str:
