@@ -170,12 +170,13 @@ def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
         assert result.confidence["level"] == 0.9 and result.confidence["upper_time_s"] <= 3000
 
 
-def test_regions_pass_through_to_the_plan_request(tmp_path):
-    from tasks.pipeline.session import TrainingSession
-    from tasks.providers.local import LocalProvider
+def test_regions_are_refused_before_anything_starts():
+    """Offers TYPE@REGION may name what no provider of the run can start: a clear refusal."""
+    with pytest.raises(ValidationError, match="launches the profile's types in provider.region"):
+        TrainRequest.model_validate(GOOD | {"regions": ["us-east-1", "us-west-2"]})
 
-    profile = load_profile(SHIPPED_PROFILE)
-    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "regions": ["us-east-1"]})
-    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-r", tmp_path / "run-r")
-    assert session.plan_request(3000).regions == ("us-east-1",)
-    assert all("@us-east-1" in name for name in session.solve_or_fastest(session.plan_request(3000)).plan)
+
+def test_the_trace_type_must_be_a_candidate():
+    rev = {"provider": {"revocations": {"trace": "parcae_p3trace.csv", "trace_type": "g3.8xlarge"}}}
+    with pytest.raises(ValidationError, match="trace_type 'g3.8xlarge' is not a candidate"):
+        TrainRequest.model_validate(GOOD | rev)
