@@ -127,6 +127,10 @@ def test_controller_decides_done_revocation_and_drift_once():
     assert decide(_poll(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
     notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
     assert decide(_poll(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
+    # the instance taken at the end of its notice was re-planned around already; one taken without one was not
+    taken = ProviderEvent("revoked", "i-1", 2.0)
+    assert decide(_poll(events=[taken]), **args | {"known_leaving": frozenset({"i-1"})}) == []
+    assert decide(_poll(events=[taken]), **args) == [Action("replan", "revocation", ("i-1",))]
     # inline drift: refit then one re-plan (merged with a revocation's); a request from the automation is ignored
     assert decide(_poll(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"speed_ratio": 0.5}}) == [
         Action("refit", "drift", speed_ratio=0.5), Action("replan", "revocation+drift", ("i-1",))]
