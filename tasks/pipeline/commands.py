@@ -20,6 +20,7 @@ DEMO = {
     "deadline_s": 60.0,
     "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
     "time_scale": 25.0,
+    "trace_type": None,
 }
 
 
@@ -45,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
+    p.add_argument("--trace-type", default=DEMO["trace_type"],
+                   help="replay the trace against this type's workers only; '' for every worker")
     p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
                    help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
@@ -87,7 +90,8 @@ def build_request(args: argparse.Namespace):
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
-                         "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
+                         "revocations": {"trace": args.trace or None, "trace_type": args.trace_type or None,
+                                         "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},
             "filling": {"enabled": not args.no_filling},
             "artifacts_dir": str(args.artifacts),
