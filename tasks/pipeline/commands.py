@@ -154,10 +154,12 @@ def run(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    from tasks.plugin_policy import allow_local_user
     from tasks.prefect_server import temporary_server
 
     request = build_request(args)
     check_request(request)
+    allow_local_user(request.workload)
     prefect_defaults()
     startup_timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):

@@ -96,8 +96,8 @@ class TrainRequest(BaseModel):
     profile_budget_s: float | None = Field(
         None, gt=0, description="seconds the profiling clusters may train in all until they share a loss band "
                                 "(default: the preset's, 300)")
-    async_rule: Literal["momentum", "sqrt", "inverse"] = Field(
-        "momentum", description="how the parameter server applies a stale gradient (docs/runtime.md)")
+    async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
+        "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
     regions: list[str] = Field(default_factory=list, description="must stay empty: the pipeline launches the "
                                "profile's types in provider.region; `spotfill plan --regions` plans across regions")
