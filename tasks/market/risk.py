@@ -121,8 +121,8 @@ def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: in
     times, kinds = [], []
     for m in np.flatnonzero(rate_per_s > 0):
         reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
-        unit = _unit_arrivals(samples, seed, int(m), reach)
-        width = int(np.count_nonzero(unit < reach, axis=1).max())
+        unit, first = _unit_arrivals(samples, seed, int(m), reach)
+        width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
         if width:
             times.append(np.where(unit[:, :width] < reach, unit[:, :width] / rate_per_s[m], np.inf))
             kinds.append(np.full(width, m))
@@ -134,23 +134,26 @@ def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: in
     return np.take_along_axis(times_a, order, axis=1), kind_of[order]
 
 
-_ARRIVALS: dict[tuple[int, int, int], np.ndarray] = {}
+_ARRIVALS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 _ARRIVAL_BLOCK = 8
 
 
-def _unit_arrivals(samples: int, seed: int, kind: int, reach: float) -> np.ndarray:
+def _unit_arrivals(samples: int, seed: int, kind: int, reach: float) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times (samples x arrivals) of a unit-rate Poisson process per sample for one
-    type, with enough arrivals that every sample's passes `reach`. Grown in blocks seeded by
-    (seed, type, block), so the first arrivals are the same however far callers have needed them."""
+    type, with enough arrivals that every sample's passes `reach`, and the earliest time of each
+    arrival over the samples (increasing). Grown in blocks seeded by (seed, type, block), so the
+    first arrivals are the same however far callers have needed them."""
     key = (samples, seed, kind)
-    have = _ARRIVALS.get(key)
+    if key in _ARRIVALS and _ARRIVALS[key][1][-1] > reach:
+        return _ARRIVALS[key]
+    have = _ARRIVALS[key][0] if key in _ARRIVALS else None
     while have is None or have[:, -1].min() <= reach:
         block = 0 if have is None else have.shape[1] // _ARRIVAL_BLOCK
         gaps = np.random.default_rng([seed, kind, block]).exponential(1.0, (samples, _ARRIVAL_BLOCK))
         more = (0.0 if have is None else have[:, -1:]) + np.cumsum(gaps, axis=1)
         have = more if have is None else np.concatenate([have, more], axis=1)
-    _ARRIVALS[key] = have
-    return have
+    _ARRIVALS[key] = (have, have.min(axis=0))
+    return _ARRIVALS[key]
 
 
 def solve_risk(problem: Problem) -> PlanResult:
