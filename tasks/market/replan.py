@@ -93,8 +93,8 @@ class ReplanMemo:
     solves: int = 0
 
     def plan(self, request: PlanRequest) -> dict[str, int]:
-        self.profiles[id(request.profile)] = request.profile
         key, du = self._key(request)
+        self.profiles[id(request.profile)] = request.profile
         budget = (request.deadline_s - request.overhead_s) / du if key is not None else None
         if key is not None and budget > 0:
             known = self.answers.setdefault(key, _Answers()).lookup(budget)

@@ -104,8 +104,8 @@ def run_study(study: Study) -> dict:
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
                 t0 = time.perf_counter()
-                outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name],
-                                                          clock))
+                outcome = replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name], clock)
+                outcomes[policy.name].append(outcome)
                 policy_wall_s[policy.name] += time.perf_counter() - t0
                 bar.advance(note=policy.name)
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -390,24 +391,29 @@ def search_deadlines(problem: Problem, deadlines_s: list[float]) -> list[tuple[I
 def search_all(problem: Problem, objective: Objective, deadlines_s: list[float],
                incumbent: Incumbent | None = None) -> list[tuple[Incumbent, SearchStats]]:
     """Brute force: score every count vector once (in chunks) and keep the best for each deadline."""
-    total = composition_count(problem)
     best = [incumbent or Incumbent() for _ in deadlines_s]
     stats = SearchStats()
-    for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
-        if total <= _ENUMERATE_ROWS:
-            counts, r = scored_compositions(problem)
-        else:
-            counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
-            counts = counts[counts.sum(axis=1) > 0]
-            r = problem.evaluate(counts)
+    for counts, r in _scored_chunks(problem):
         stats.evaluated += len(counts)
         best = [keep_best(problem, objective, d, b, counts, r) for b, d in zip(best, deadlines_s)]
     return [(b, stats) for b in best]
 
 
+def _scored_chunks(problem: Problem) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Every non-empty count vector with its scores, in chunks (one, remembered, when small)."""
+    total = composition_count(problem)
+    if total <= _ENUMERATE_ROWS:
+        yield scored_compositions(problem)
+        return
+    for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
+        counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
+        counts = counts[counts.sum(axis=1) > 0]
+        yield counts, problem.evaluate(counts)
+
+
 @dataclass
 class _Scored:
-    profile: object  # holds the profile whose id is in the key, so the id is not reused
+    profile: object  # holds the profile whose id is in the key, so that id is not reused while kept
     counts: np.ndarray
     scored: dict[str, np.ndarray]
     progress: float | None  # Problem.progress_left the times were scored at
@@ -429,7 +435,7 @@ def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndar
            req.loss_target if progress is None else None)
     with _SCORED_LOCK:
         known = _SCORED.get(key)
-    if known is None or known.profile is not model.profile:
+    if known is None:
         counts = compositions(problem, 0, composition_count(problem))
         counts = counts[counts.sum(axis=1) > 0]
         known = _Scored(model.profile, counts, problem.evaluate(counts), progress)
