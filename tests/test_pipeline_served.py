@@ -130,7 +130,7 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
                           if d["name"] == "train-with-slo")
         runs_dir = tmp_path / "runs"
         flow_run = start_served_run(api, deployment["id"], runs_dir, target_loss=1.5)
-        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the cancelled run's instances")
+        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 900, "the cancelled run's instances")
         r = httpx.post(f"{api}/flow_runs/{flow_run['id']}/set_state",
                        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
         assert r.status_code in (200, 201), r.text

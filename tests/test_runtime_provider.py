@@ -149,8 +149,13 @@ def test_nic_bandwidth_is_megabytes_per_s_in_the_type_and_megabits_in_the_shapin
         itype = next(t for t in p.list_types() if t.name == "p3.2xlarge")
         assert itype.network_mbytes_per_s == catalog_mbytes  # the AWS catalog's unit, unchanged
         instance = p.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances[0]
-        environ = Path(f"/proc/{p.pid_of('r', instance.instance_id)}/environ").read_bytes().split(b"\0")
-        env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
-        assert float(env["SPOTFILL_NIC_MBPS"]) == pytest.approx(8 * catalog_mbytes * 0.5)  # megabits/s
+        environ_path = Path(f"/proc/{p.pid_of('r', instance.instance_id)}/environ")
+
+        def child_env() -> dict[str, str]:  # the parent's until the child has exec'd its startup
+            environ = environ_path.read_bytes().split(b"\0")
+            return dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+
+        _wait(lambda: "SPOTFILL_NIC_MBPS" in child_env(), timeout_s=120.0)
+        assert float(child_env()["SPOTFILL_NIC_MBPS"]) == pytest.approx(8 * catalog_mbytes * 0.5)  # megabits/s
     finally:
         p.kill_all_started()
