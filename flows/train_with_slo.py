@@ -20,6 +20,7 @@ from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.states import Completed
 
+from tasks.errors import UserInputError
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
@@ -30,7 +31,20 @@ PROGRESS_REPORT_S = 2.0  # how often the progress artifacts and events are updat
 
 
 # ----------------------------------------------------------------------------- stages as tasks
-@task(name="profile-type", cache_key_fn=stages.profile_cache_key, persist_result=True, retries=2)
+def retry_unless_refused(task, task_run, state) -> bool:
+    """Retry a measurement that failed by chance; not one refused for a reason a retry keeps
+    (bad input, a spot market short of the type): that error goes to the user at once."""
+    try:
+        state.result()
+    except UserInputError:
+        return False
+    except Exception:  # noqa: BLE001 - any other failure may pass on a second try
+        return True
+    return True
+
+
+@task(name="profile-type", cache_key_fn=stages.profile_cache_key, persist_result=True, retries=2,
+      retry_condition_fn=retry_unless_refused)
 def profile_type(request: TrainRequest, run_id: str, instance_type: str):
     return stages.profile_type(request, run_id, instance_type)
 
@@ -97,7 +111,8 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 logger.info("revocation %s of %s at %.1f s", event.kind, event.instance_id, obs.t_s)
         actions = decide(obs, target_loss=session.request.slo.target_loss, deadline_s=session.request.slo.deadline_s,
                          drift_action=session.request.drift_action, drift_ratio=session.check_drift(obs),
-                         asked=stages.pending_replan_request(session), plan_empty=not session.plans[-1].plan)
+                         asked=stages.pending_replan_request(session), plan_empty=not session.plans[-1].plan,
+                         known_leaving=frozenset(session.leaving))
         for action in actions:
             if action.kind == "done":
                 update_progress_artifact(loss_art, 100 * obs.loss_fraction)
@@ -132,9 +147,25 @@ def run_id_of(flow_run_id: uuid.UUID) -> str:
 
 def _stop_hook(flow, flow_run, state) -> None:
     """On cancellation or a crash, from the flow run alone: terminate everything the run started
-    (the stateless cleanup) and write a report of the time and money spent."""
+    (the stateless cleanup) and report the time and money spent, as files and on the run's page."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])
-    stages.stop_and_report(request, run_id_of(flow_run.id), state.name)
+    summary = stages.stop_and_report(request, run_id_of(flow_run.id), state.name)
+    publish_stopped_report(flow_run.id, summary)
+
+
+def publish_stopped_report(flow_run_id: uuid.UUID, summary: dict) -> None:
+    """The stopped run's report as a markdown artifact of its flow run. Prefect runs the hooks in
+    whichever process notices the stop (the runner or worker after a SIGKILL), where no run
+    context names the flow run, so the artifact names it explicitly."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    from tasks.pipeline.report import stopped_report_markdown
+
+    with get_client(sync_client=True) as client:
+        client.create_artifact(ArtifactCreate(
+            type="markdown", key=f"{summary['run_id']}-report", description=summary["verdict"],
+            data=stopped_report_markdown(summary), flow_run_id=flow_run_id))
 
 
 @flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])

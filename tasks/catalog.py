@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import re
 import statistics
 from collections import defaultdict
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from tasks import cli_args
 from tasks.errors import UserInputError
+from tasks.inputs import read_json, read_text
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = REPO / "profiles" / "sources"
@@ -42,7 +42,7 @@ def _price(value) -> float | None:
 def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
     """{type: {region-ish AZ prefix: {current, mean, min, max, samples}}} for Linux/UNIX rows."""
     by_type_az: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
-    text = tsv_path.read_text(encoding="utf-8")
+    text = read_text(tsv_path, "catalog source")
     if text and not text.endswith("\n"):
         raise UserInputError(f"{tsv_path} is truncated (its last line has no end)")
     for row in csv.reader(text.splitlines(), delimiter="\t"):
@@ -71,11 +71,8 @@ def build_catalog(sources: Path = SOURCES) -> dict:
 
 
 def _build_catalog(sources: Path) -> dict:
-    try:
-        instances = json.loads((sources / "ec2-gpu-instances.json").read_text())
-        advisor = json.loads((sources / "spot-advisor-data.json").read_text())
-    except FileNotFoundError as err:
-        raise UserInputError(f"catalog source missing: {err.filename}") from None
+    instances = read_json(sources / "ec2-gpu-instances.json", "catalog source")
+    advisor = read_json(sources / "spot-advisor-data.json", "catalog source")
     bands = {str(r["index"]): r["label"] for r in advisor["ranges"]}
     history = spot_history_stats(sources / "spot-prices-gpu-2022-05-31.tsv")
     types = []
@@ -119,8 +116,6 @@ def _build_catalog(sources: Path) -> dict:
 
 
 def load_catalog(path: Path = CATALOG) -> dict:
-    from tasks.inputs import read_json
-
     catalog = read_json(path, "instance catalog")
     if not isinstance(catalog, dict) or not isinstance(catalog.get("types"), list):
         raise UserInputError(f"instance catalog {path} has no list of types: run `spotfill catalog build`")

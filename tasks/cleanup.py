@@ -2,7 +2,11 @@
 themselves, at the end, on failure and on cancellation).
 
     spotfill cleanup --run-id ID [--provider aws|local] [--region R] [--config FILE]
-                     [--endpoint-url URL] [--artifacts DIR] [--wait] [--json]
+                     [--endpoint-url URL] [--artifacts DIR] [--wait] [--missing-ok] [--json]
+
+A run id nothing knows (no local run table; on AWS no instance or security group with its tag) is
+most likely a typo, so it is exit 2, unless --missing-ok asks for an idempotent clean-up (scripts
+that clean up whether or not the run got as far as launching).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--artifacts", type=Path, default=None,
                    help="the local provider's run folders (default: where the run was started)")
     p.add_argument("--wait", action="store_true", help="wait until terminated, then delete the run's security group")
+    p.add_argument("--missing-ok", action="store_true",
+                   help="an unknown run id is not an error: terminate nothing, exit 0")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=_run)
 
@@ -45,24 +51,20 @@ def _aws_config(args: argparse.Namespace) -> dict:
     return data
 
 
-def _local_artifacts(run_id: str, given: Path | None) -> Path:
-    """The artifacts folder that holds local run `run_id`; an unknown run is a UserInputError."""
-    from tasks.errors import UserInputError
+def _local_artifacts(run_id: str, given: Path | None) -> Path | None:
+    """The artifacts folder that holds local run `run_id`, or None if none does."""
     from tasks.providers.local import TABLE
 
     candidates = [given] if given is not None else [run_registry.artifacts_dir_of(run_id), Path("artifacts")]
-    for folder in filter(None, candidates):
-        if (folder / run_id / TABLE).is_file():
-            return folder
-    where = given if given is not None else "the run registry or ./artifacts"
-    raise UserInputError(f"no local run {run_id!r} found in {where}")
+    return next((folder for folder in filter(None, candidates) if (folder / run_id / TABLE).is_file()), None)
 
 
 def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
-                aws_config: dict | None = None, wait: bool = False) -> tuple[int, str]:
+                aws_config: dict | None = None, wait: bool = False, missing_ok: bool = True) -> tuple[int, str]:
     """Terminate every instance of the run, from nothing but its id and where it ran (the CLI,
     and the flow's crash and cancel hooks in whatever process Prefect runs them); returns how
-    many were still alive, and where (the artifacts folder, or the AWS region)."""
+    many were still alive, and where (the artifacts folder, or the AWS region). Without
+    `missing_ok`, an AWS run id that no instance or security group carries is a UserInputError."""
     from tasks.providers.aws import check_id
 
     run_id = check_id("run id", run_id)
@@ -70,19 +72,31 @@ def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artif
         from tasks.providers.local import LocalProvider
 
         return LocalProvider(artifacts_dir=artifacts_dir).cleanup(run_id), str(artifacts_dir)
-    from tasks.providers.aws import AwsProvider, load_aws_config
+    from tasks.errors import UserInputError
+    from tasks.providers.aws import TAG_RUN, AwsProvider, load_aws_config
 
     aws = AwsProvider(load_aws_config(aws_config or {}))
+    if not missing_ok and not aws.knows_run(run_id):
+        raise UserInputError(f"no instance or security group tagged {TAG_RUN}={run_id} in {aws.config.region} "
+                             "(--missing-ok to accept an unknown run id)")
     return aws.cleanup(run_id, wait=wait), aws.config.region
 
 
 def _run(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
+    from tasks.errors import UserInputError
 
     provider_name = args.provider or ("local" if run_registry.artifacts_dir_of(args.run_id) else "aws")
+    aws_config = _aws_config(args) if provider_name == "aws" else None
     artifacts = _local_artifacts(args.run_id, args.artifacts) if provider_name == "local" else Path("artifacts")
-    terminated, where = cleanup_run(provider_name, args.run_id, artifacts_dir=artifacts,
-                                    aws_config=_aws_config(args) if provider_name == "aws" else None, wait=args.wait)
+    if artifacts is not None:
+        terminated, where = cleanup_run(provider_name, args.run_id, artifacts_dir=artifacts, aws_config=aws_config,
+                                        wait=args.wait, missing_ok=args.missing_ok)
+    elif args.missing_ok:
+        terminated, where = 0, str(args.artifacts or "no local run")
+    else:
+        where = args.artifacts if args.artifacts is not None else "the run registry or ./artifacts"
+        raise UserInputError(f"no local run {args.run_id!r} found in {where} (--missing-ok to accept an unknown run id)")
     if args.json:
         print_json({"provider": provider_name, "run_id": args.run_id, "where": where, "terminated": terminated})
     else:

@@ -9,6 +9,7 @@ and SIGTERM 143, each with one line, after the command's own clean-up ran.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import signal
@@ -38,7 +39,10 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """The whole parser, built once per process (main() may run many times in one, as in tests);
+    parsing does not change it: defaults and types are applied to each parse's own namespace."""
     parser = OneLineParser(prog="spotfill", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name in COMMAND_MODULES:

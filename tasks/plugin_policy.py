@@ -24,3 +24,10 @@ def check_deployment_workload(spec: str) -> None:
         return
     raise ValueError(f"plug-in workload {spec!r} is not allowed through a deployment: the operator lists "
                      f"permitted ones in {ENV} (module:function or module:*) on the machine that runs flows")
+
+
+def allow_local_user(spec: str) -> None:
+    """The CLI's own run (the local user, who may run any plug-in): allow-list `spec` in this
+    process, where the flow runs and validates its parameters again without the CLI's context."""
+    if ":" in spec:
+        os.environ[ENV] = ",".join(sorted(allowed_plugins() | {spec}))

@@ -312,6 +312,24 @@ def test_cleanup_command_terminates_the_run_and_explains_bad_input(make_provider
     assert capsys.readouterr().err.startswith("spotfill: error: no AWS credentials found")
 
 
+def test_cleanup_of_an_unknown_run_id_is_exit_2_unless_missing_ok(make_provider, moto_endpoint, ec2, run_id, capsys):
+    from tasks.cli import main
+
+    base = ["cleanup", "--run-id", run_id, "--provider", "aws", "--endpoint-url", moto_endpoint]
+    assert main(base) == 2  # nothing ever carried this tag: a typo
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"spotfill: error: no instance or security group tagged spotfill:run-id={run_id}")
+    assert main([*base, "--missing-ok", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["terminated"] == 0
+
+    make_provider().launch(run_id, "p0", "g5.xlarge", 1)
+    assert main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["terminated"] == 1
+    assert main([*base, "--json"]) == 0  # cleaned up already: EC2 still lists the terminated instance
+    assert json.loads(capsys.readouterr().out)["terminated"] == 0
+
+
 def test_a_configured_subnet_sets_the_vpc_the_zone_and_the_price(make_provider, ec2, run_id):
     vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
     subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24", AvailabilityZone="us-east-1c")["Subnet"]["SubnetId"]

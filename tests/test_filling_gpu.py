@@ -19,6 +19,7 @@ from tasks.filling.attach import (CONFIG_ENV, FillConfig, assemble, check_memory
 from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.trainloop import TrainingJob
+from test_filling_cli import fake_result
 
 REPO = Path(__file__).resolve().parents[1]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")
@@ -127,6 +128,69 @@ def test_targets_are_judged_with_their_direction():
     assert served_share({"online_served": 0, "online_shed": 0}) is None
 
 
+def test_the_check_judges_every_mode_against_the_targets_and_counts_the_rounds():
+    from tasks.filling.gpu_check import TARGETS, filling_summary
+
+    result = fake_result(20.0)
+    result["modes"]["naive"].update(training_retained=0.7, online_p95_s=0.09)
+    result["modes"]["rate_limited"].update(online_served=90, online_shed=10)
+    summary = filling_summary(result)
+    assert (summary["online_rate_per_s"], summary["slo_s"], summary["rounds"]) == (20.0, 0.5, 12)
+    assert set(summary["checks"]) == {*TARGETS, "rounds"} and all(c["met"] for c in summary["checks"].values())
+    naive = summary["modes"]["naive"]["checks"]
+    assert [k for k, c in naive.items() if not c["met"]] == ["training_retained", "online_p95_s"]
+    assert naive["training_retained"] == {"value": 0.7, "target": ">= 0.98", "met": False}
+    assert summary["modes"]["rate_limited"]["online_served_share"] == pytest.approx(0.9)
+    assert not summary["modes"]["rate_limited"]["checks"]["online_served_share"]["met"]
+    result["settings"]["rounds_run"] = 2
+    assert not filling_summary(result)["checks"]["rounds"]["met"]
+
+
+def test_the_check_output_is_strict_json_whatever_numbers_the_sections_return():
+    import json
+
+    import numpy as np
+
+    from tasks.filling.gpu_check import json_safe
+
+    raw = {"r2": np.float64(0.5), "n": np.int64(3), "loss": float("nan"), "cap": np.float32("inf"),
+           "by_batch": {64: [np.float64(1.5), None]}, "arr": np.array([1, 2]), "name": "x"}
+    safe = json_safe(raw)
+    assert safe == {"r2": 0.5, "n": 3, "loss": None, "cap": None, "by_batch": {"64": [1.5, None]},
+                    "arr": [1, 2], "name": "x"}
+    json.dumps(safe, allow_nan=False)
+
+
+def test_bench_gpu_refuses_models_the_gpu_memory_cannot_hold_before_any_section(monkeypatch, capsys):
+    """A CUDA machine whose GPU has 50 MiB free: one line naming the model, exit 2, nothing run."""
+    from tasks.cli import main
+    from tasks.filling import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (50 * 2**20, 80 * 2**30))
+
+    def must_not_run():
+        raise AssertionError("a section ran")
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", dict.fromkeys(gpu_check.SECTIONS, must_not_run))
+    assert main(["bench", "gpu", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "inference model resnet50 x 5 needs ~" in err and "only 50 MB remain" in err
+
+
+def test_profile_section_runs_its_code_on_the_cpu():
+    """The GPU profile's code path, on the CPU with a small model: step times, peak memory per
+    batch, the memory fit and the largest batch."""
+    from tasks.filling.gpu_check import profile_section
+
+    out = profile_section("resnet20", (2, 4, 8), steps=1, options={"width": 4}, device="cpu")
+    assert out["device"] == "cpu" and set(out["step_ms"]) == {2, 4, 8}
+    assert all(ms > 0 for ms in out["step_ms"].values())
+    assert out["peak_mb"][8] > out["peak_mb"][2] > 0
+    assert out["max_batch_per_gpu"] > 8
+
+
 @no_cuda
 def test_cuda_entry_points_fail_cleanly_without_a_device():
     from tasks.filling import gpu_check
@@ -176,17 +240,12 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
                                  cuda=SimpleNamespace(get_device_name=lambda: "Fake GPU"))
     monkeypatch.setattr(gpu_check, "_require_cuda", lambda: fake_torch)
     monkeypatch.setattr(gpu_check, "preflight", lambda: None)
-    mode = {"training_retained": 0.99, "fill_efficiency": 0.6, "offline_share_of_solo": 0.4,
-            "spill_share_of_training_time": 0.01, "online_p95_s": 0.02, "online_served_share": 1.0,
-            "guard_shrinks": 2}
-    filling = {"checks": gpu_check.judge({**mode}), "modes": {"gated": mode}, "rounds": 3,
-               "compute_s": 0.028, "comm_s": 0.098, "training": "resnet110-cifar100 batch 128",
-               "inference": "resnet50", "online_rate_per_s": 20.0}
+    filling = gpu_check.filling_summary(fake_result(20.0))
 
     def broken():
         raise RuntimeError("CUDA out of memory\nsecond line")
 
-    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda: dict(filling), "runtime": broken,
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda: filling, "runtime": broken,
                                                 "profile": lambda: {"max_batch_per_gpu": 4096},
                                                 "train": lambda: {"updates": 10}})
     assert main(["bench", "gpu", "--json"]) == 0
@@ -194,7 +253,8 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     assert result["device_name"] == "Fake GPU" and result["runtime"]["error"] == "RuntimeError: CUDA out of memory"
     assert result["targets_met"] is True and result["profile"]["max_batch_per_gpu"] == 4096
     table = gpu_check.format_table(result)
-    assert "Fake GPU" in table and "runtime" in table and "target online_p95_s <= 0.05: 0.02 met" in table
+    assert "Fake GPU" in table and "runtime" in table and "target online_p95_s <= 0.05: 0.01 met" in table
+    assert "target rounds >= 3: 12 met" in table
 
 
 def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_path):

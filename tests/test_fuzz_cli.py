@@ -16,6 +16,8 @@ Classes of bad input covered (each test names its classes):
  11 malformed endpoint URLs
  12 workload options: NaN, infinities, negative sizes, unknown names
  13 unknown run ids for cleanup
+ 14 the newer options: probabilities (--confidence, --level), PS shards (--num-ps), profiling
+    budgets, region lists, update rules, the filling bench's rate, type and bubble scale
 """
 from __future__ import annotations
 
@@ -245,11 +247,14 @@ def test_non_utf8_files(sandbox, prefix, where):  # class 6
     raw = PROFILE_TEXT.encode()
     profile = _put(sandbox, "profile.json", raw[:where] + prefix + raw[where:])
     for argv in _profile_commands(profile):
-        refuses(sandbox, argv)
+        assert f"{profile} is not UTF-8" in refuses(sandbox, argv)  # the error names the file
     trace = _put(sandbox, "trace.csv", b"0,4\n10,2\n" + prefix)
-    refuses(sandbox, ["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4",
-                      "--trace", trace])
-    refuses(sandbox, ["cleanup", "--run-id", "r", "--provider", "aws", "--config", _put(sandbox, "aws.json", prefix)])
+    assert f"{trace} is not UTF-8" in refuses(sandbox, [
+        "train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4", "--trace", trace])
+    assert f"{trace} is not UTF-8" in refuses(sandbox, ["run", "--trace", trace])
+    config = _put(sandbox, "aws.json", prefix)
+    assert f"{config} is not UTF-8" in refuses(sandbox, ["cleanup", "--run-id", "r", "--provider", "aws",
+                                                          "--config", config])
 
 
 @FUZZ
@@ -274,6 +279,7 @@ def _profile_fields(data, prefix=()):
 
 
 NUMBER_FIELDS = list(_profile_fields(json.loads(PROFILE_TEXT)))
+NUMBER_TYPES = {entry["type"] for entry in json.loads(PROFILE_TEXT)["instances"]}
 
 
 @FUZZ
@@ -377,5 +383,47 @@ def test_workload_options(sandbox, option):  # class 12
 @FUZZ
 @given(run_id=st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=20))
 def test_cleanup_of_an_unknown_run(sandbox, run_id):  # class 13
-    refuses(sandbox, ["cleanup", "--run-id", run_id, "--provider", "local"])
+    assert run_id in refuses(sandbox, ["cleanup", "--run-id", run_id, "--provider", "local"])
     refuses(sandbox, ["cleanup", "--run-id", run_id, "--provider", "local", "--artifacts", str(sandbox / "work")])
+
+
+not_a_probability = st.one_of(not_positive, st.floats(min_value=1.0).map(repr),
+                              st.sampled_from(["1", "1e-400", "-0.5", "100"]))
+bad_region_lists = st.one_of(bad_regions, st.sampled_from(["", ",", "us-east-1,,", "us-east-1,us-east-1",
+                                                           "all,us-east-1", " , "]))
+
+
+@FUZZ
+@given(probability=not_a_probability, shards=st.one_of(bad_positive_ints, st.integers(16, 10**30).map(str)),
+       budget=bad_durations, regions=bad_region_lists,
+       rule=st.text(alphabet=string.ascii_letters, max_size=8).filter(lambda r: r not in {"momentum", "sqrt", "inverse"}))
+def test_newer_options(sandbox, probability, shards, budget, regions, rule):  # class 14
+    train = ["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4"]
+    refuses(sandbox, ["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", probability])
+    refuses(sandbox, ["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1", "--level", probability])
+    refuses(sandbox, ["simulate", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quick", "--level", probability])
+    refuses(sandbox, ["run", "--confidence", probability])
+    refuses(sandbox, [*train, "--num-ps", shards])
+    refuses(sandbox, ["run", "--profile-budget-s", budget])
+    refuses(sandbox, ["profile", "--quick", "--profile-budget-s", budget])
+    refuses(sandbox, ["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--regions", regions])
+    refuses(sandbox, [*train, "--async-rule", rule])
+    refuses(sandbox, ["run", "--async-rule", rule])
+
+
+@FUZZ
+@given(rate=st.one_of(not_positive.filter(lambda r: "," not in r),  # "1,5" is a list of two rates
+                     st.floats(min_value=1001, allow_infinity=False).map(repr)),
+       scale=st.one_of(not_positive, st.floats(min_value=1001, allow_infinity=False).map(repr)),
+       instance_type=st.text(alphabet=string.ascii_lowercase + "0123456789.,/", max_size=12).filter(
+           lambda t: t not in NUMBER_TYPES))
+def test_newer_bench_options(sandbox, rate, scale, instance_type):  # class 14
+    refuses(sandbox, ["bench", "filling", "--quick", "--online-rate", rate])
+    refuses(sandbox, ["bench", "filling", "--quick", "--bubble-scale", scale])
+    refuses(sandbox, ["bench", "filling", "--quick", "--instance-type", instance_type])
+    refuses(sandbox, ["bench", "planner", "--quick", "--bubble-scale", "2"])  # a filling-only option
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a CUDA device `bench gpu` runs")
+def test_bench_gpu_without_cuda(sandbox):  # class 14
+    assert "CUDA" in refuses(sandbox, ["bench", "gpu", "--quick"])

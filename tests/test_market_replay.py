@@ -158,3 +158,18 @@ def test_replay_time_and_cost_follow_the_model(loss, slack, cut):
     assert out.revocations == sum(plan.plan.values()) and out.replans == 0
     assert out.time_s == pytest.approx(cut_s + 120.0 + plan.predicted_time_s, rel=1e-9)
     assert out.cost_usd == pytest.approx(plan.usd_per_h * out.time_s / 3600.0, rel=1e-9)
+
+
+def test_cluster_clock_tells_the_models_remaining_time():
+    from tasks.market.replay import ClusterClock
+
+    clock = ClusterClock(MODEL, 0.8)
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        counts = rng.integers(0, 3, len(NAMES))
+        counts[P3] += 1
+        loss = float(rng.uniform(0.82, 2.0))
+        r = MODEL.evaluate(counts, 0.8, loss)
+        assert clock.remaining_s(counts, loss) == pytest.approx(float(r["time_s"][0]), rel=1e-12)
+        start = MODEL.evaluate(counts, 0.8)
+        assert clock.from_start(counts) == (float(start["time_s"][0]), float(start["iterations"][0]))

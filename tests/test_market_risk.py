@@ -78,3 +78,17 @@ def test_risk_bad_input():
     with pytest.raises(InfeasibleError) as err:
         solve(PlanRequest(PROFILE, 0.8, 1000.0, solver="risk", hazards_per_h=STORMY))
     assert err.value.fastest_time_s == pytest.approx(1921.0, abs=1.0)
+
+
+def test_assess_does_not_depend_on_what_was_assessed_before():
+    """The Monte Carlo's arrivals grow in seeded blocks: a plan's risk is the same whether or not
+    a stormier plan needed more arrivals first."""
+    from tasks.market import risk
+
+    problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk", hazards_per_h=STORMY))
+    counts = np.array([2, 0, 5, 4, 0])
+    risk._ARRIVALS.clear()
+    fresh = assess(problem, counts, fastest_only(problem))
+    wide = build_problem(PlanRequest(PROFILE, 0.8, 20000.0, solver="risk", hazards_per_h=STORMY))
+    assess(wide, counts * 2, fastest_only(wide))
+    assert assess(problem, counts, fastest_only(problem)) == fresh

@@ -203,6 +203,14 @@ def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(ser
         summary = wait_until(lambda: (run_dir / "summary.json").exists() and json.loads((run_dir / "summary.json").read_text()),
                              120, "the crash hook's report")
         assert summary["state"] == "Crashed" and summary["verdict"].startswith("Run crashed after")
+
+        def report_artifact():
+            r = httpx.post(f"{api}/artifacts/filter", timeout=10,
+                           json={"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+            return [a for a in r.json() if a["key"] == f"{run_dir.name}-report"] if r.status_code == 200 else []
+
+        report = wait_until(report_artifact, 60, "the crashed run's report artifact")[0]
+        assert "Run crashed after" in report["data"] and report["data"] == (run_dir / "report.md").read_text()
         rows = json.loads((run_dir / "instances.json").read_text())["instances"]
         assert rows and all(r["state"] == "terminated" for r in rows)
         wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")

@@ -127,6 +127,10 @@ def test_controller_decides_done_revocation_and_drift_once():
     assert decide(_poll(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
     notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
     assert decide(_poll(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
+    # the instance taken at the end of its notice was re-planned around already; one taken without one was not
+    taken = ProviderEvent("revoked", "i-1", 2.0)
+    assert decide(_poll(events=[taken]), **args | {"known_leaving": frozenset({"i-1"})}) == []
+    assert decide(_poll(events=[taken]), **args) == [Action("replan", "revocation", ("i-1",))]
     # inline drift: refit then one re-plan (merged with a revocation's); a request from the automation is ignored
     assert decide(_poll(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"speed_ratio": 0.5}}) == [
         Action("refit", "drift", speed_ratio=0.5), Action("replan", "revocation+drift", ("i-1",))]
@@ -170,12 +174,13 @@ def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
         assert result.confidence["level"] == 0.9 and result.confidence["upper_time_s"] <= 3000
 
 
-def test_regions_pass_through_to_the_plan_request(tmp_path):
-    from tasks.pipeline.session import TrainingSession
-    from tasks.providers.local import LocalProvider
+def test_regions_are_refused_before_anything_starts():
+    """Offers TYPE@REGION may name what no provider of the run can start: a clear refusal."""
+    with pytest.raises(ValidationError, match="launches the profile's types in provider.region"):
+        TrainRequest.model_validate(GOOD | {"regions": ["us-east-1", "us-west-2"]})
 
-    profile = load_profile(SHIPPED_PROFILE)
-    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "regions": ["us-east-1"]})
-    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-r", tmp_path / "run-r")
-    assert session.plan_request(3000).regions == ("us-east-1",)
-    assert all("@us-east-1" in name for name in session.solve_or_fastest(session.plan_request(3000)).plan)
+
+def test_the_trace_type_must_be_a_candidate():
+    rev = {"provider": {"revocations": {"trace": "parcae_p3trace.csv", "trace_type": "g3.8xlarge"}}}
+    with pytest.raises(ValidationError, match="trace_type 'g3.8xlarge' is not a candidate"):
+        TrainRequest.model_validate(GOOD | rev)

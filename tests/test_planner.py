@@ -260,3 +260,18 @@ def test_result_json_has_the_contract_keys():
                                 "cc", "solver", "solve_seconds"}
     assert all(isinstance(v, int) and v > 0 for v in r.plan.values())
     assert math.isfinite(r.predicted_cost_usd) and np.isfinite(r.iterations)
+
+
+def test_scored_compositions_rescale_to_a_fresh_scoring():
+    """A re-plan with the same survivors reuses the first one's scores, scaled by the remaining
+    progress: they must equal the model's own scores at the new loss."""
+    profile = load_profile(SHIPPED_PROFILE)
+    existing = {"p3.2xlarge": 1, "g3.8xlarge": 2}
+    first = build_problem(PlanRequest(profile, 0.8, 2000.0, existing=existing, current_loss=1.3))
+    exact.scored_compositions(first)
+    later = build_problem(PlanRequest(profile, 0.8, 900.0, existing=existing, current_loss=0.95))
+    counts, scored = exact.scored_compositions(later)
+    fresh = later.evaluate(counts)
+    assert len(counts) == composition_count(later)
+    for name in ("time_s", "cost_usd", "iterations", "workers", "usd_per_h"):
+        np.testing.assert_allclose(scored[name], fresh[name], rtol=1e-12)

@@ -53,12 +53,14 @@ def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp
 
     launched = []
     monkeypatch.setattr(LocalProvider, "launch", lambda *a, **k: launched.append(a))
-    status = cli.main(["train", "--workload", spec, "--workers", "p3.2xlarge=1", "--batch-size", "8",
-                       "--max-updates", "5"])
-    out, err = capsys.readouterr()
-    assert status == 2 and out == "" and launched == []
-    assert err.startswith("spotfill: error: ") and message in err
-    assert len(err.strip().splitlines()) == 1
+    for argv in (["train", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--max-updates", "5"],
+                 ["run", "--loss", "0.1", "--deadline", "120", "--artifacts", str(tmp_path)]):
+        status = cli.main([*argv, "--workload", spec])
+        out, err = capsys.readouterr()
+        assert status == 2 and out == "" and launched == [], argv[0]
+        assert err.startswith("spotfill: error: ") and message in err, argv[0]
+        assert len(err.strip().splitlines()) == 1, argv[0]
+    assert not any(tmp_path.iterdir())  # `run` made no run folder: it stopped before starting anything
     with pytest.raises(UserInputError, match="workload"):
         check_workload(spec)
 

@@ -54,7 +54,7 @@ def _start(provider, run_id, **kw):
 
 
 def test_asp_workers_join_and_leave(provider):
-    run = _start(provider, "asp")
+    run = _start(provider, "asp", async_rule="momentum")  # its learning rate moves with the batch only
     try:
         first = driver.add_workers(run, TYPES[0], 1, batch_size=8).instances + \
             driver.add_workers(run, TYPES[1], 1, batch_size=16).instances
@@ -71,7 +71,7 @@ def test_asp_workers_join_and_leave(provider):
     records = read_records(run.run_dir)
     leaves = {r["worker"]: r["reason"] for r in records if r["kind"] == "leave"}
     assert sorted(leaves.values()) == ["ps_stop", "ps_stop", "terminated"]
-    # linear scaling in the batch; the default async rule (momentum) does not damp the learning rate
+    # linear scaling in the batch; the `momentum` rule does not damp the learning rate
     undamped = {u["samples"]: set() for u in updates}
     for u in updates:
         undamped[u["samples"]].add(round(u["lr"], 12))

@@ -28,6 +28,22 @@ def test_the_local_user_is_not_restricted(monkeypatch):
     assert request.workload == "my_models:build"
 
 
+def test_the_local_users_plugin_passes_the_flows_own_validation(monkeypatch):
+    """`spotfill run` calls the flow in its own process; Prefect validates the flow's parameters
+    again, without the CLI's context: the CLI's plug-in must pass there too."""
+    from flows.train_with_slo import train_with_slo
+    from tasks.plugin_policy import allow_local_user
+
+    monkeypatch.delenv("SPOTFILL_ALLOWED_WORKLOADS", raising=False)
+    request = TrainRequest.model_validate(REQUEST | {"workload": "my_models:build"}, context={"local_user": True})
+    with pytest.raises(Exception, match="not allowed through a deployment"):
+        train_with_slo.validate_parameters({"request": request})
+    allow_local_user(request.workload)
+    assert train_with_slo.validate_parameters({"request": request})["request"].workload == "my_models:build"
+    with pytest.raises(ValidationError, match="not allowed"):  # only that one
+        TrainRequest.model_validate(REQUEST | {"workload": "os:system"})
+
+
 def _listening_addresses(port: int) -> set[str]:
     """Local addresses in LISTEN state on `port`, from /proc/net/tcp (hex, little-endian IPv4)."""
     found = set()

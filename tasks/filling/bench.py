@@ -33,6 +33,7 @@ MODES = ("naive", "naive_split", "rate_limited", "gated")
 ARTIFACT = Path("artifacts") / "filling_bench.png"
 DEFAULT_ONLINE_RATE = 20.0  # online requests per second (--online-rate)
 MAX_ONLINE_RATE = 1000.0  # arrivals are generated one by one in Python; the queue holds 64
+MAX_BUBBLE_SCALE = 1000.0  # a bubble 1000x the profile's is a typo (and far past any deadline arithmetic)
 COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
             "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
 
@@ -59,8 +60,8 @@ def profile_bubble_s(param_mb: float, instance_type: str = INSTANCE_TYPE, profil
     bandwidths: 2 * S / Breq (the type's own Breq when its entry has one) + 2 * g * S / Bpcie."""
     from tasks.profile import load_profile
 
-    if not scale > 0:
-        raise UserInputError(f"--bubble-scale must be > 0, got {scale:g}")
+    if not 0 < scale <= MAX_BUBBLE_SCALE:
+        raise UserInputError(f"--bubble-scale must be > 0 and at most {MAX_BUBBLE_SCALE:g}, got {scale:g}")
     profile = load_profile(profile_path)
     instance = profile.instance(instance_type)
     breq_mbps = getattr(instance, "required_bandwidth_mbps", None) or profile.required_bandwidth_mbps

@@ -98,6 +98,9 @@ class CudaExecutor:
 
     def lane_setup(self, lane: str) -> None:
         self._lane.stream = lowest_priority_stream(self.workload.dataset.device)
+        # The model and the dataset were copied on the stream current then: this lane's chunks
+        # come after those copies.
+        self._lane.stream.wait_stream(torch.cuda.current_stream(self.workload.dataset.device))
         self._lane.start = torch.cuda.Event(enable_timing=True)
         self._lane.done = torch.cuda.Event(enable_timing=True)
 

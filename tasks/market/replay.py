@@ -106,15 +106,46 @@ class Market:
         return np.where(hit.any(axis=1), times[first], np.inf)
 
 
+class ClusterClock:
+    """How long a cluster still trains from a loss, scored by the model once per composition.
+    Mid-training, a cluster's remaining time is its own seconds per unit of progress times the
+    remaining progress du = 1/(L_target - gamma5) - 1/(L - gamma5) (docs/model.md, re-planning),
+    so the many events of many replays need no model call once a composition has been seen."""
+
+    def __init__(self, model: Model, loss_target: float):
+        self.model, self.loss_target = model, loss_target
+        self.u_target = 1.0 / (loss_target - model.profile.loss.gamma5)
+        self.starts: dict[bytes, tuple[float, float]] = {}  # time and iterations from the start
+        self.per_progress_s: dict[bytes, float] = {}
+
+    def from_start(self, counts: np.ndarray) -> tuple[float, float]:
+        """Time and iterations to the target from the start of training."""
+        key = counts.tobytes()
+        if key not in self.starts:
+            r = self.model.evaluate(counts, self.loss_target)
+            self.starts[key] = (float(r["time_s"][0]), float(r["iterations"][0]))
+        return self.starts[key]
+
+    def remaining_s(self, counts: np.ndarray, loss: float) -> float:
+        """Time to the target from `loss`."""
+        du = self.u_target - 1.0 / (loss - self.model.profile.loss.gamma5)
+        key = counts.tobytes()
+        if key not in self.per_progress_s:
+            self.per_progress_s[key] = float(self.model.evaluate(counts, self.loss_target, loss)["time_s"][0]) / du
+        return self.per_progress_s[key] * du
+
+
 def initial_situation(cfg: ReplayConfig) -> Situation:
     """Before training: nothing runs, the whole deadline is left."""
     return Situation({}, cfg.deadline_s, None, cfg.overhead_s)
 
 
 def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, market: Market | None,
-           first_plan: dict[str, int] | None = None) -> Outcome:
+           first_plan: dict[str, int] | None = None, clock: ClusterClock | None = None) -> Outcome:
     """One run of `policy` to the loss target; market None (or an on-demand policy): no revocations.
-    `first_plan`: the policy's initial plan when already known (it is the same in every replay)."""
+    `first_plan`: the policy's initial plan when already known (it is the same in every replay);
+    `clock`: one shared by the replays of the same model and target."""
+    clock = clock or ClusterClock(model, cfg.loss_target)
     names = model.types.names
     g5 = profile.loss.gamma5
     u_target = 1.0 / (cfg.loss_target - g5)
@@ -157,10 +188,11 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         active = live_counts(joined_by=t)
         remaining_s, u_now = math.inf, None
         if active.sum() > 0:
-            r = model.evaluate(active, cfg.loss_target, loss)
-            remaining_s = float(r["time_s"][0])
-            u_now = 1.0 / (loss - g5) if loss is not None else \
-                profile.loss.gamma1 * u_target / (float(r["iterations"][0]) + profile.loss.gamma1)
+            if loss is None:
+                remaining_s, iterations = clock.from_start(active)
+                u_now = profile.loss.gamma1 * u_target / (iterations + profile.loss.gamma1)
+            else:
+                remaining_s, u_now = clock.remaining_s(active, loss), 1.0 / (loss - g5)
         alive = [i for i, e in enumerate(ends) if e is None]
         next_revoke = min((revokes[i] for i in alive), default=math.inf)
         next_join = min((joins[i] for i in alive if joins[i] > t), default=math.inf)

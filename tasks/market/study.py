@@ -15,7 +15,7 @@ from tasks.errors import InfeasibleError, UserInputError
 from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.policies import Policy, standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
-from tasks.market.replay import Market, Outcome, ReplayConfig, initial_situation, replay
+from tasks.market.replay import ClusterClock, Market, Outcome, ReplayConfig, initial_situation, replay
 from tasks.market.traces import Trace
 from tasks.model import Model
 from tasks.planner import PlanRequest, build_problem, solve
@@ -94,6 +94,7 @@ def run_study(study: Study) -> dict:
     cfg = ReplayConfig(study.loss_target, study.deadline_s, study.overhead_s)
     zone_prices = zone_prices_usd_per_h(study.region)
     first_plans = {p.name: p.plan(profile, study.loss_target, initial_situation(cfg)) for p in policies}
+    clock = ClusterClock(model, study.loss_target)
     outcomes: dict[str, list[Outcome]] = {p.name: [] for p in policies}
     policy_wall_s = {p.name: 0.0 for p in policies}
     started, started_cpu = time.perf_counter(), time.process_time()
@@ -103,7 +104,8 @@ def run_study(study: Study) -> dict:
                             cfg.deadline_s * cfg.give_up_factor, seed=study.seed * 1_000_003 + i)
             for policy in policies:
                 t0 = time.perf_counter()
-                outcomes[policy.name].append(replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name]))
+                outcome = replay(profile, model, policy, cfg, market.fork(), first_plans[policy.name], clock)
+                outcomes[policy.name].append(outcome)
                 policy_wall_s[policy.name] += time.perf_counter() - t0
                 bar.advance(note=policy.name)
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu

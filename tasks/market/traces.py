@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.errors import UserInputError
+from tasks.inputs import read_text
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE_DIR = REPO / "profiles" / "traces"
@@ -139,10 +140,7 @@ def _from_nodes(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
 def load_trace(path: str | Path) -> Trace:
     """Parse one trace file; every problem is a UserInputError naming the file and line."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError):
-        raise UserInputError(f"trace not found: {path}") from None
+    text = read_text(path, "trace")
     rows = [[c.strip() for c in r] for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
     if not rows:
         raise UserInputError(f"{path}: trace has no events")

@@ -20,6 +20,7 @@ DEMO = {
     "deadline_s": 60.0,
     "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
     "time_scale": 25.0,
+    "trace_type": None,
 }
 
 
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
-    p.add_argument("--profile-budget-s", type=cli_args.positive_float, default=None,
+    p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
                    help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
@@ -45,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
+    p.add_argument("--trace-type", default=DEMO["trace_type"],
+                   help="replay the trace against this type's workers only; '' for every worker")
     p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
                    help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
@@ -87,7 +90,8 @@ def build_request(args: argparse.Namespace):
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
-                         "revocations": {"trace": args.trace or None, "time_scale": args.time_scale,
+                         "revocations": {"trace": args.trace or None, "trace_type": args.trace_type or None,
+                                         "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},
             "filling": {"enabled": not args.no_filling},
             "artifacts_dir": str(args.artifacts),
@@ -100,10 +104,9 @@ def build_request(args: argparse.Namespace):
 
 def check_request(request) -> None:
     """Everything `run` can check before it starts a Prefect server or a process: the workload and
-    its options, the profile, the trace, the candidate types (local)."""
+    its options, the profile, the trace, the candidate types (local); the cheap checks first."""
     from tasks.errors import UserInputError
 
-    cli_args.check_workload(request.workload, request.workload_options)
     if request.profile is not None:
         from tasks.profile import load_profile
 
@@ -120,6 +123,7 @@ def check_request(request) -> None:
         unknown = [t for t in request.candidates.types if t not in offered]
         if unknown:
             raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
+    cli_args.check_workload(request.workload, request.workload_options)  # builds the model, trains one step
 
 
 def trace_path(name: str):
@@ -150,10 +154,12 @@ def run(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    from tasks.plugin_policy import allow_local_user
     from tasks.prefect_server import temporary_server
 
     request = build_request(args)
     check_request(request)
+    allow_local_user(request.workload)
     prefect_defaults()
     startup_timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):

@@ -20,10 +20,12 @@ class Action:
 
 
 def decide(obs: Observation, *, target_loss: float, deadline_s: float, drift_action: str,
-           drift_ratio: float | None, asked: dict | None, plan_empty: bool) -> list[Action]:
+           drift_ratio: float | None, asked: dict | None, plan_empty: bool,
+           known_leaving: frozenset[str] = frozenset()) -> list[Action]:
     """What to do after this poll, in order. `drift_ratio` is the drift detector's verdict (None:
     no drift), `asked` a re-plan request the automation left for this run, `plan_empty` whether
-    the plan in effect has no workers (the market left none to launch)."""
+    the plan in effect has no workers (the market left none to launch), `known_leaving` the
+    instances already re-planned around (their notice came earlier: their end is no news)."""
     if obs.loss is not None and obs.loss <= target_loss:
         return [Action("done", "target")]
     if obs.t_s >= deadline_s:
@@ -33,7 +35,8 @@ def decide(obs: Observation, *, target_loss: float, deadline_s: float, drift_act
     if not obs.workers and plan_empty:
         return [Action("done", "no workers")]
     actions, reasons = [], []
-    leaving = tuple(e.instance_id for e in obs.events if e.kind in ("revocation_notice", "revoked"))
+    leaving = tuple(e.instance_id for e in obs.events
+                    if e.kind in ("revocation_notice", "revoked") and e.instance_id not in known_leaving)
     if leaving:
         reasons.append("revocation")
     if drift_ratio is not None and drift_action == "inline":

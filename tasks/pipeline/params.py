@@ -45,6 +45,8 @@ class Revocations(BaseModel):
 
     model_config = _STRICT
     trace: str | None = Field(None, description="a preemption trace under profiles/traces/ to replay")
+    trace_type: str | None = Field(None, description="replay the trace against this type's workers only "
+                                   "(a trace of one family revokes that family); default: every worker")
     time_scale: float = Field(600.0, gt=0, description="trace seconds per real second")
     inject_at_s: list[float] = Field(default_factory=list, description="revoke one worker at these run times")
     notice_s: float = Field(2.0, ge=0, description="notice before the instance is taken")
@@ -94,11 +96,11 @@ class TrainRequest(BaseModel):
     profile_budget_s: float | None = Field(
         None, gt=0, description="seconds the profiling clusters may train in all until they share a loss band "
                                 "(default: the preset's, 300)")
-    async_rule: Literal["momentum", "sqrt", "inverse"] = Field(
-        "momentum", description="how the parameter server applies a stale gradient (docs/runtime.md)")
+    async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
+        "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
     solver: Literal["exact", "heuristic", "risk"] = "exact"
-    regions: list[str] = Field(default_factory=list, description="plan over offers TYPE@REGION in these "
-                               "regions ('all': every priced one; docs/planner.md); empty: the profile's types")
+    regions: list[str] = Field(default_factory=list, description="must stay empty: the pipeline launches the "
+                               "profile's types in provider.region; `spotfill plan --regions` plans across regions")
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
@@ -119,6 +121,23 @@ class TrainRequest(BaseModel):
             from tasks.plugin_policy import check_deployment_workload
 
             check_deployment_workload(self.workload)
+        return self
+
+    @model_validator(mode="after")
+    def _one_region(self) -> "TrainRequest":
+        """A plan over offers TYPE@REGION may name regions and estimated types no provider of this
+        run can start; refused here, before anything is profiled or launched."""
+        if self.regions:
+            raise ValueError(f"regions {', '.join(self.regions)}: the pipeline launches the profile's types in "
+                             f"provider.region ({self.provider.region}) only; plan across regions with "
+                             "`spotfill plan PROFILE --regions ...`, and run in the region it picks")
+        return self
+
+    @model_validator(mode="after")
+    def _trace_type_is_a_candidate(self) -> "TrainRequest":
+        trace_type = self.provider.revocations.trace_type
+        if trace_type is not None and trace_type not in self.candidates.types:
+            raise ValueError(f"revocations.trace_type {trace_type!r} is not a candidate type")
         return self
 
     @model_validator(mode="after")

@@ -95,6 +95,17 @@ def plan_text(plan: dict[str, int]) -> str:
     return " + ".join(f"{n} x {t}" for t, n in sorted(plan.items()) if n) or "no workers"
 
 
+def stopped_report_markdown(summary: dict) -> str:
+    """A cancelled or crashed run's report (tasks/pipeline/stages.py stop_and_report): the verdict,
+    and the plan, revocations, re-plans and shortfalls its last progress on disk had reached."""
+    lines = [f"# {summary['run_id']}", "", f"**{summary['verdict']}**", ""]
+    if "plan" in summary:
+        lines += [f"- plan in effect: {plan_text(summary['plan'])}",
+                  f"- revocations: {summary.get('revocations', 0)}, re-plans: {summary.get('replans', 0)}"]
+        lines += [f"- the market refused {s['missing']} x {s['type']}: {s['why']}" for s in summary.get("shortfalls", [])]
+    return "\n".join(lines) + "\n"
+
+
 def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     """One paragraph: met or missed, against the plan training started with; the plan in effect
     at the end; the re-plans and what the market refused."""

@@ -90,7 +90,8 @@ class TrainingSession:
         types = {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
         self.ps_type = profile.type_names[0]
-        self.ps_usd_per_h = types[self.ps_type].on_demand_usd_per_h if self.ps_type in types else 0.0
+        # the PS runs as the profile's num_ps shards (docs/runtime.md), each an on-demand instance
+        self.ps_usd_per_h = profile.num_ps * (types[self.ps_type].on_demand_usd_per_h if self.ps_type in types else 0.0)
 
     # ------------------------------------------------------------------ planning
     def plan_request(self, deadline_s: float, existing: dict[str, int] | None = None,
@@ -99,7 +100,6 @@ class TrainingSession:
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
-            regions=tuple(self.request.regions),
             **self.risk_options(),
         )
 
@@ -146,7 +146,8 @@ class TrainingSession:
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
-                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule)
+                             ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule,
+                             num_ps=self.profile.num_ps)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per

@@ -173,7 +173,7 @@ def start_revocation_replay(session: TrainingSession) -> None:
     if rev.trace:
         path = Path(rev.trace)
         path = path if path.is_file() else REPO / "profiles" / "traces" / rev.trace
-        provider.replay_trace(session.run_id, path, rev.time_scale, rev.notice_s)
+        provider.replay_trace(session.run_id, path, rev.time_scale, rev.notice_s, instance_type=rev.trace_type)
     for at_s in rev.inject_at_s:
         def inject(at_s=at_s) -> None:
             victims = [i for i in provider.describe(session.run_id)
@@ -212,6 +212,7 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
     its report from the last progress on disk: how long it ran and what it spent."""
     from tasks.atomic import atomic_write_json, atomic_write_text
     from tasks.cleanup import cleanup_run
+    from tasks.pipeline.report import stopped_report_markdown
 
     artifacts = Path(request.artifacts_dir)
     terminated, _ = cleanup_run(request.provider.name, run_id, artifacts_dir=artifacts,
@@ -229,8 +230,9 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
                "terminated_at_stop": terminated}
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_dir / "summary.json", summary)
-    atomic_write_text(run_dir / "report.md", f"# {run_id}\n\n**{verdict}**\n")
+    atomic_write_text(run_dir / "report.md", stopped_report_markdown(summary))
     return summary
+
 
 
 def record_revocation(session: TrainingSession, event: ProviderEvent) -> None:

@@ -20,6 +20,9 @@ Two things make the bounds bite early:
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -388,13 +391,62 @@ def search_deadlines(problem: Problem, deadlines_s: list[float]) -> list[tuple[I
 def search_all(problem: Problem, objective: Objective, deadlines_s: list[float],
                incumbent: Incumbent | None = None) -> list[tuple[Incumbent, SearchStats]]:
     """Brute force: score every count vector once (in chunks) and keep the best for each deadline."""
-    total = composition_count(problem)
     best = [incumbent or Incumbent() for _ in deadlines_s]
     stats = SearchStats()
-    for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
-        counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
-        counts = counts[counts.sum(axis=1) > 0]
-        r = problem.evaluate(counts)
+    for counts, r in _scored_chunks(problem):
         stats.evaluated += len(counts)
         best = [keep_best(problem, objective, d, b, counts, r) for b, d in zip(best, deadlines_s)]
     return [(b, stats) for b in best]
+
+
+def _scored_chunks(problem: Problem) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Every non-empty count vector with its scores, in chunks (one, remembered, when small)."""
+    total = composition_count(problem)
+    if total <= _ENUMERATE_ROWS:
+        yield scored_compositions(problem)
+        return
+    for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
+        counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
+        counts = counts[counts.sum(axis=1) > 0]
+        yield counts, problem.evaluate(counts)
+
+
+@dataclass
+class _Scored:
+    profile: object  # holds the profile whose id is in the key, so that id is not reused while kept
+    counts: np.ndarray
+    scored: dict[str, np.ndarray]
+    progress: float | None  # Problem.progress_left the times were scored at
+
+
+_SCORED: OrderedDict[tuple, _Scored] = OrderedDict()
+_SCORED_KEPT = 64
+_SCORED_LOCK = threading.Lock()
+
+
+def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Every non-empty count vector of a small problem with its scores (problem.evaluate),
+    remembered across problems with the same model and bounds: a re-plan with the same survivors
+    differs only in the remaining progress, which scales every time and cost (Problem.progress_left),
+    so the replay's thousands of re-plans score each set of survivors once."""
+    model, req = problem.model, problem.request
+    progress = problem.progress_left
+    key = (id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower), tuple(problem.upper),
+           req.loss_target if progress is None else None)
+    with _SCORED_LOCK:
+        known = _SCORED.get(key)
+    if known is None:
+        counts = compositions(problem, 0, composition_count(problem))
+        counts = counts[counts.sum(axis=1) > 0]
+        known = _Scored(model.profile, counts, problem.evaluate(counts), progress)
+        with _SCORED_LOCK:
+            _SCORED[key] = known
+            if len(_SCORED) > _SCORED_KEPT:
+                _SCORED.popitem(last=False)
+    if progress is None or progress == known.progress:
+        return known.counts, known.scored
+    scale = progress / known.progress
+    r = dict(known.scored)
+    for name in ("iterations", "time_s", "cost_usd"):
+        r[name] = r[name] * scale
+    return known.counts, r

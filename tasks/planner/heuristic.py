@@ -18,7 +18,7 @@ import numpy as np
 
 from tasks.planner.bounds import size_bounds
 from tasks.planner.exact import Incumbent, pick_best
-from tasks.planner.problem import Problem
+from tasks.planner.problem import COST_TIE_REL, Problem
 
 
 def size_range(problem: Problem) -> tuple[int, int]:
@@ -63,7 +63,7 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
         return best, 0
     counts = np.concatenate(windows)
     r = problem.evaluate(counts)
-    ok = np.flatnonzero(r["time_s"] <= problem.budget_s)
+    ok = np.flatnonzero(r["time_s"] <= problem.budget_s * (1 + COST_TIE_REL))  # ties as exact.py
     if len(ok):
         i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
                          counts[ok][:, problem.name_order])]

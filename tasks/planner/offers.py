@@ -78,9 +78,11 @@ def catalog_regions(catalog: dict) -> list[str]:
 
 def parse_regions(text: str) -> tuple[str, ...]:
     """'us-east-1,us-west-2' or 'all' -> a tuple (validated against the catalog later)."""
-    regions = tuple(r.strip() for r in text.split(",") if r.strip())
-    if not regions:
+    regions = tuple(r.strip() for r in text.split(","))
+    if not any(regions):
         raise UserInputError("--regions names no region (expected R1,R2 or all)")
+    if not all(regions):
+        raise UserInputError(f"--regions has an empty item in {text[:80]!r} (expected R1,R2 or all)")
     return regions
 
 

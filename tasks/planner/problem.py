@@ -63,6 +63,17 @@ class Problem:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
 
     @property
+    def progress_left(self) -> float | None:
+        """Mid-training, the remaining progress du = 1/(L - gamma5) - 1/(L0 - gamma5): every
+        cluster's remaining iterations, time and cost are proportional to it (docs/model.md,
+        re-planning). None before training, where they are not."""
+        req = self.request
+        if req.current_loss is None:
+            return None
+        g5 = self.model.profile.loss.gamma5
+        return 1.0 / (req.loss_target - g5) - 1.0 / (req.current_loss - g5)
+
+    @property
     def name_order(self) -> np.ndarray:
         """Type indices in name order: plans tied on cost, time and size are told apart by name,
         so the order of types in a profile never changes the answer."""

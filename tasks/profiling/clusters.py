@@ -18,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tasks.profiling.fit import loss_band
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
-from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, update_records, wait_until, worker_batch
+from tasks.profiling.runs import (
+    WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
+)
 from tasks.providers.base import Provider
 
 
@@ -161,7 +163,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                         budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None) -> list:
     """Start the clusters at once, wait until each trained `duration_s` and all of them with the
     `earlier` waves' curves cross a common loss band (by `deadline_s`), stop them all (always)."""
-    from tasks.runtime.driver import add_workers, start_run, stop_run
+    from tasks.runtime.driver import start_run, stop_run
 
     runs = []
 
@@ -174,7 +176,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
         for instance_type, count in cluster.items():
             if count:
                 batch = worker_batch(provider, instance_type, by_type[instance_type].batch_per_gpu)[1]
-                add_workers(run, instance_type, count, batch_size=batch)
+                start_workers(run, instance_type, count, batch)
         return run
 
     def long_enough(cluster: dict[str, int]):

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from tasks import cli_args
-from tasks.cli_args import positive_float, runtime_errors_in_one_line
+from tasks.cli_args import runtime_errors_in_one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="workload option (repeatable; replaces the preset's options)")
     p.add_argument("--iterations", type=cli_args.positive_count, default=None, help="single-type profiling iterations (default: 30)")
     p.add_argument("--cluster-duration", type=cli_args.duration_s, default=None, help="seconds each profiling cluster trains at least")
-    p.add_argument("--profile-budget-s", type=positive_float, default=None,
+    p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
                    help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 

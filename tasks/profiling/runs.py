@@ -32,6 +32,19 @@ def worker_batch(provider: Provider, instance_type: str, batch_per_gpu: int) -> 
     return gpus, gpus * batch_per_gpu
 
 
+def start_workers(run, instance_type: str, count: int, batch_size: int) -> None:
+    """Launch a profiling run's workers, all of them: a measurement on fewer workers than asked
+    would be a wrong one, so a spot market short of them stops profiling with what it refused."""
+    from tasks.runtime.driver import add_workers
+
+    refused = add_workers(run, instance_type, count, batch_size=batch_size).refused
+    if refused:
+        why = "; ".join(r.message for r in refused.values())
+        raise ProfilingError(f"profiling needs {count} x {instance_type} and the spot market refused "
+                             f"{sum(r.missing for r in refused.values())} ({why}): profile when it has capacity, "
+                             f"leave {instance_type} out of the candidates, or pass a measured profile (--profile)")
+
+
 def check_not_diverged(updates: list[dict], where: str) -> None:
     """Non-finite losses, or a loss DIVERGED_FACTOR times the first: the run diverged."""
     if not updates:

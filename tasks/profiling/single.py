@@ -12,7 +12,9 @@ import time
 from tasks.profiling.fit import fit_memory, max_batch_per_gpu
 from tasks.profiling.measurements import ProfilingError, TypeMeasurement
 from tasks.profiling.memory import measure_memory
-from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, update_records, wait_until, worker_batch
+from tasks.profiling.runs import (
+    WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
+)
 from tasks.providers.base import Provider
 
 MEMORY_BATCHES = (1, 2, 4, 8, 16)
@@ -30,7 +32,7 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
                  workload_options: dict | None = None, batch_per_gpu: int = 16, ps_megabits_per_s: float | None = None,
                  ps_type: str | None = None, memory_batches=MEMORY_BATCHES, memory_device: str = "auto",
                  timeout_s: float = 300.0) -> TypeMeasurement:
-    from tasks.runtime.driver import add_workers, start_run, stop_run
+    from tasks.runtime.driver import start_run, stop_run
 
     if iterations <= WARMUP_UPDATES + 2:
         raise ProfilingError(f"{instance_type}: {iterations} iterations are too few to measure "
@@ -41,7 +43,7 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=ps_type or instance_type,
                     ps_mbps=ps_megabits_per_s, max_updates=iterations, checkpoint_every_s=3600.0)
     try:
-        add_workers(run, instance_type, 1, batch_size=batch)
+        start_workers(run, instance_type, 1, batch)
         wait_until(run, lambda p: False, time.monotonic() + timeout_s)
         updates = update_records(run)
     finally:

@@ -583,6 +583,16 @@ class AwsProvider(Provider):
         return fresh
 
     # ---- cleanup -------------------------------------------------------------------------
+    def knows_run(self, run_id: str) -> bool:
+        """Whether any instance (in any state EC2 still lists) or security group carries the run's
+        tag: `spotfill cleanup` of an id nothing carries is a typo, not a clean-up."""
+        check_id("run id", run_id)
+        with aws_errors(self.config.region):
+            if self._described(run_id, None):
+                return True
+            tagged = [{"Name": f"tag:{TAG_RUN}", "Values": [run_id]}]
+            return bool(self.ec2.describe_security_groups(Filters=tagged)["SecurityGroups"])
+
     def cleanup(self, run_id: str, wait: bool = False) -> int:
         """Terminate every instance tagged with the run (stopped ones too), then delete the run's
         security group once nothing uses it (`wait` waits for the terminations to finish)."""

@@ -9,10 +9,17 @@ Two effects follow, and each rule answers them differently:
   (staleness-aware ASGD, Zhang et al. 2016: lr / s).
 
 Rules (by name: `PsConfig.async_rule`, `spotfill train|run --async-rule`, `TrainRequest.async_rule`):
-- `momentum` (the default): the explicit momentum lowered so that explicit and implicit momentum
-  together equal the configured one, (1 - mu') (1 - 1/n) = 1 - mu, i.e. mu' = max(0, 1 - n (1 - mu)),
-  with n = 1 + the running mean staleness (measured, so it follows the cluster as workers join and
-  leave); the learning rate undamped. One worker (s = 0) trains exactly as configured;
+- `guarded` (the default): the momentum lowered as `momentum` does, and, for SGD, the learning rate
+  raised back towards lr (1 - mu) / (1 - mu') while the loss falls, so that slow directions (a
+  plateau a recurrent model must leave) move by the configured lr / (1 - mu) a step as on one
+  worker; when the loss rises (a stiff direction oscillating under the delay), the raise is
+  halved and never again grows past that half. Adam's step does not scale with beta1: it is
+  `momentum` there. One worker (s = 0) trains exactly as configured;
+- `momentum`: the explicit momentum lowered so that explicit and implicit momentum together equal
+  the configured one, (1 - mu') (1 - 1/n) = 1 - mu, i.e. mu' = max(0, 1 - n (1 - mu)), with n = 1 +
+  the running mean staleness (measured, so it follows the cluster as workers join and leave); the
+  learning rate undamped. Lowering SGD's momentum also shrinks its step on slow directions,
+  lr / (1 - mu'), five times on five workers: what `guarded` gives back;
 - `sqrt`: lr / sqrt(1 + s), momentum as configured (the rule the built-in workloads were first
   tuned with);
 - `inverse`: lr / (1 + s) (Zhang et al.), momentum as configured.
@@ -22,6 +29,7 @@ before its step, so it works the same whether the PS holds per-tensor or flat pa
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch-free at import: the CLI lists the rules without loading torch
@@ -52,6 +60,9 @@ class AsyncRule:
     def momentum(self, configured: float) -> float:
         return configured
 
+    def observe(self, loss: float) -> None:
+        """The loss a worker reported with the gradient about to be applied."""
+
     def prepare(self, lr: float, staleness: int) -> float:
         """Set the groups' learning rate and momentum for the next step; returns the lr used."""
         staleness = max(0, staleness)
@@ -81,8 +92,46 @@ class MomentumRule(AsyncRule):
         return max(0.0, 1.0 - (1.0 - configured) / (1.0 - implicit_momentum(self.mean_staleness)))
 
 
-RULES: dict[str, type[AsyncRule]] = {"momentum": MomentumRule, "sqrt": SqrtRule, "inverse": InverseRule}
-DEFAULT_RULE = "momentum"
+class GuardedRule(MomentumRule):
+    """`momentum`, and SGD's learning rate raised by a factor that grows while the loss falls, up
+    to (1 - mu) / (1 - mu'); a rise of the loss halves it and caps it there for good."""
+
+    growth = 1.02  # per update: the raise can go from 1 to 5 in about 80 updates
+    fast_smoothing, slow_smoothing = 0.1, 0.02  # EMAs of the reported loss compared for a rise
+    rise = 1.05  # the fast EMA this much above the slow one: the loss rises
+
+    def __init__(self, optimizer, lr_power=None):
+        super().__init__(optimizer, lr_power)
+        self.raise_by = 1.0
+        self.ceiling = math.inf
+        self.fast_loss: float | None = None
+        self.slow_loss: float | None = None
+
+    def observe(self, loss: float) -> None:
+        if self.fast_loss is None:
+            self.fast_loss = self.slow_loss = loss
+        self.fast_loss += self.fast_smoothing * (loss - self.fast_loss)
+        self.slow_loss += self.slow_smoothing * (loss - self.slow_loss)
+        if self.fast_loss <= self.rise * self.slow_loss:  # also False for a NaN loss
+            self.raise_by = min(self.ceiling, self.raise_by * self.growth)
+        else:
+            self.raise_by = self.ceiling = max(1.0, self.raise_by / 2)
+            self.slow_loss = self.fast_loss
+
+    def prepare(self, lr: float, staleness: int) -> float:
+        lr = super().prepare(lr, staleness)
+        group = self.optimizer.param_groups[0]
+        if "betas" in group or not self.configured[0] < 1:
+            return lr
+        self.raise_by = min(self.raise_by, (1 - group["momentum"]) / (1 - self.configured[0]))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * self.raise_by
+        return lr * self.raise_by
+
+
+RULES: dict[str, type[AsyncRule]] = {"guarded": GuardedRule, "momentum": MomentumRule, "sqrt": SqrtRule,
+                                     "inverse": InverseRule}
+DEFAULT_RULE = "guarded"
 
 
 def make_rule(name: str, optimizer: torch.optim.Optimizer, lr_power: float | None = None) -> AsyncRule:

@@ -62,20 +62,20 @@ def _train(args: argparse.Namespace) -> int:
     if not n_workers:
         raise UserInputError("--workers launches no worker")
     limit = max_local_workers()
-    if n_workers > limit:
-        raise UserInputError(f"--workers starts {n_workers} local worker processes, above the limit of {limit} "
-                             "(set SPOTFILL_MAX_LOCAL_WORKERS to raise it)")
+    if n_workers + args.num_ps > limit:
+        raise UserInputError(f"--workers and --num-ps start {n_workers + args.num_ps} local processes, above the "
+                             f"limit of {limit} (set SPOTFILL_MAX_LOCAL_WORKERS to raise it)")
     provider = LocalProvider(**({"artifacts_dir": args.artifacts} if args.artifacts else {}),
                              bandwidth_scale=args.bandwidth_scale, reference_compute_s=args.reference_compute_s)
     unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
     if unknown:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
     options = parse_options(args.workload_opt)
-    cli_args.check_workload(args.workload, options)
     if args.trace:
         from tasks.market.traces import load_trace
 
         load_trace(args.trace)
+    cli_args.check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
     # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
     # not a PS that dies at start-up (nor a silent fresh start).

@@ -5,7 +5,8 @@ One thread per connected worker (wire.Link); updates are applied under one lock,
 applied exactly once and counted once. A worker's learning rate follows its batch size
 (Workload.lr_for_batch); the asynchronous update rule (tasks/runtime/async_rule.py, `async_rule`)
 then sets the step for the update's staleness s: by default it lowers the optimizer's momentum by
-the momentum asynchrony itself adds; `sqrt` and `inverse` damp the learning rate instead,
+the momentum asynchrony itself adds and raises SGD's learning rate back while the loss falls;
+`sqrt` and `inverse` damp the learning rate instead,
 lr / (1 + s) ** staleness_lr_power (docs/runtime.md).
 The emulated network (shaping.Shaper) is applied here, where all traffic meets.
 
@@ -220,6 +221,7 @@ class ParameterServer:
             if self.stopping:
                 return False
             staleness = self.version - int(base_version)
+            self.rule.observe(loss)
             lr = self.rule.prepare(self.workload.lr_for_batch(batch_size), staleness)
             start_s = time.perf_counter()
             self.optimizer_step(push[:self.param_numel], lr)
