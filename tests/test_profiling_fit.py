@@ -286,7 +286,8 @@ def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypat
         seconds = 10.0 + len(calls)  # every run a different length, so the means are checkable
         return validate.RunObservation(
             observed_time_s=seconds, observed_iterations=100 + len(calls), predicted_time_s=11.0, paper_time_s=12.0, baseline_time_s=9.0,
-            speed_time_s=10.5, baseline_speed_time_s=8.5, observed_iteration_time_s=0.1, start_skew_s=0.5, wall_s=seconds)
+            speed_time_s=10.5, baseline_speed_time_s=8.5, observed_iteration_time_s=0.1, start_skew_s=0.5, wall_s=seconds,
+            compute_stretch=1.0 + len(calls) / 10)
 
     monkeypatch.setattr(validate, "run_once", fake_run_once)
     a, b = {"p3.2xlarge": 2}, {"p3.2xlarge": 1, "g3.8xlarge": 2}
@@ -299,6 +300,7 @@ def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypat
     assert first.cluster == a and first.observed_time_s == pytest.approx((11.0 + 13.0) / 2)
     assert second.observed_iterations == pytest.approx((102 + 104) / 2)
     assert second.time_error == pytest.approx(abs(11.0 - 13.0) / 13.0)
+    assert second.compute_stretch == pytest.approx((1.2 + 1.4) / 2)
     assert report.plot == str(tmp_path / "v.png") and (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.png"]  # written whole, nothing beside it
 

@@ -352,9 +352,9 @@ def _held_out_errors(model: Model, c: ProfiledCluster) -> np.ndarray:
     """log(predicted / observed) time to each loss level the cluster crossed: predicted
     iterations times Texp of the workers' measured compute plus the model's push + pull, against
     the observed crossing times Texp of the measured compute plus push + pull. Compute is
-    measured, not predicted, on both sides: the model takes it from each type alone, and the
-    profiling clusters, trained side by side, ran it slower than a cluster alone does, which is
-    no error of the model's forms. A prediction of 0 or infinity counts as a factor of 1000."""
+    measured, not predicted, on both sides: the model takes it from each type alone, and a busy
+    host stretches the emulated compute of a cluster's workers beyond that, which is no error
+    of the model's forms. A prediction of 0 or infinity counts as a factor of 1000."""
     counts = model.counts_vector(c.cluster)
     r = model.evaluate(counts, float(c.series.losses[0]))
     predicted_j = model.iterations(r["wa_batch"], r["cc"], r["workers"], c.series.losses)

@@ -41,7 +41,7 @@ from tasks.intervals import DEFAULT_LEVEL, time_interval_s
 from tasks.model import Model
 from tasks.profile import Contention, LossCurve, Profile
 from tasks.profiling.measurements import ProfilingError, cluster_label
-from tasks.profiling.runs import check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
+from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
 
 UNLIMITED_MBPS = 1e12
@@ -60,6 +60,7 @@ class RunObservation(BaseModel):
     observed_iteration_time_s: float
     start_skew_s: float
     wall_s: float
+    compute_stretch: float  # median over workers of steady compute / the profile's (see run_once)
     interval_s: tuple[float, float] | None = None  # the profile's interval around predicted_time_s
     inside: bool | None = None  # observed_time_s within interval_s
 
@@ -83,6 +84,7 @@ class ConfigResult(BaseModel):
     speed_time_error: float
     baseline_speed_time_error: float
     start_skew_s: float  # last worker's first update - first update (the largest over the runs)
+    compute_stretch: float  # mean over the runs
     wall_s: float
     runs: list[RunObservation]
 
@@ -100,6 +102,7 @@ class ValidationReport(BaseModel):
     baseline_max_time_error: float
     median_speed_time_error: float
     baseline_median_speed_time_error: float
+    median_compute_stretch: float
     form: dict | None  # the profile's model form and every candidate's cross-validation error
     interval_level: float
     coverage: float | None  # share of runs inside their interval (None: the profile has no spread)
@@ -205,6 +208,14 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
 
     skew_s = max(offsets)
     steady = [u for u in updates if u["t"] - first_t >= skew_s]
+    # The emulated compute is padded to the profile's; a busy host (or too many workers for its
+    # cores) stretches it beyond, which slows the run without any error of the model's.
+    by_worker: dict[int, list[float]] = {}
+    for u in updates:
+        by_worker.setdefault(u["worker"], []).append(u["compute_s"])
+    stretch = statistics.median(
+        statistics.median(c[WARMUP_UPDATES:] or c) / float(model.types.compute_s[names.index(type_by_worker[w])])
+        for w, c in by_worker.items())
     observed_s, predicted_s = updates[-1]["t"] - first_t, scheduled("model", iterations["model"])
     interval_s = None if profile.uncertainty is None else time_interval_s(profile, prediction.level, predicted_s)
     return RunObservation(
@@ -212,7 +223,7 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
         paper_time_s=scheduled("paper", iterations["paper"]), baseline_time_s=scheduled("blind", iterations["blind"]),
         speed_time_s=scheduled("model", len(updates)), baseline_speed_time_s=scheduled("blind", len(updates)),
         observed_iteration_time_s=(steady[-1]["t"] - steady[0]["t"]) / max(1, len(steady) - 1),
-        start_skew_s=skew_s, wall_s=time.monotonic() - started_s, interval_s=interval_s,
+        start_skew_s=skew_s, wall_s=time.monotonic() - started_s, compute_stretch=stretch, interval_s=interval_s,
         inside=None if interval_s is None else interval_s[0] <= observed_s <= interval_s[1],
     )
 
@@ -263,7 +274,8 @@ def score_config(prediction: ConfigPrediction, runs: list[RunObservation]) -> Co
         baseline_time_s=mean("baseline_time_s"), baseline_time_error=_relative(mean("baseline_time_s"), observed_time_s),
         speed_time_error=_relative(mean("speed_time_s"), observed_time_s),
         baseline_speed_time_error=_relative(mean("baseline_speed_time_s"), observed_time_s),
-        start_skew_s=max(r.start_skew_s for r in runs), wall_s=sum(r.wall_s for r in runs), runs=runs,
+        start_skew_s=max(r.start_skew_s for r in runs), compute_stretch=mean("compute_stretch"),
+        wall_s=sum(r.wall_s for r in runs), runs=runs,
     )
 
 
@@ -313,6 +325,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
         baseline_max_time_error=max(r.baseline_time_error for r in results),
         median_speed_time_error=statistics.median(r.speed_time_error for r in results),
         baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
+        median_compute_stretch=statistics.median(r.compute_stretch for r in results),
         form=((profile.model_extra or {}).get("fit_quality") or {}).get("form"), interval_level=level,
         coverage=coverage(results), wall_s=time.monotonic() - started_s,
     )
