@@ -157,8 +157,19 @@ def start_served_run(api: str, deployment_id: str, runs_dir: Path, target_loss: 
         "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
         "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
         "artifacts_dir": str(runs_dir)}}
-    return httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": params},
-                      timeout=10).json()
+    return create_flow_run(api, deployment_id, params)
+
+
+def create_flow_run(api: str, deployment_id: str, params: dict) -> dict:
+    """A run of a deployment, created through the API; a busy server (SQLite under the automation's
+    writes) may answer an error once, which a test must see rather than wait on a run never made."""
+    for _ in range(5):
+        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": params}, timeout=30)
+        if r.status_code == 201:
+            return r.json()
+        assert r.status_code >= 500 or r.status_code == 409, f"create_flow_run: {r.status_code} {r.text}"
+        time.sleep(2.0)
+    raise AssertionError(f"create_flow_run kept failing: {r.status_code} {r.text}")
 
 
 def flow_process_of(runs_dir: Path) -> int | None:
@@ -292,8 +303,7 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
             "workload": "resnet20", "slo": {"target_loss": 0.8, "deadline_s": 6000}, "profile": str(profile),
             "candidates": {"types": ["g4dn.2xlarge", "g4dn.12xlarge"]}, "filling": {"enabled": False},
             "provider": {"name": "aws", "aws": aws}, "artifacts_dir": str(tmp_path / "runs")}}
-        flow_run = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": params},
-                              timeout=10).json()
+        flow_run = create_flow_run(api, dep["id"], params)
         run_id = f"run-{flow_run['id'].replace('-', '')[:10]}"
 
         def alive():
