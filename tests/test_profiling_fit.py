@@ -189,6 +189,22 @@ def test_fit_profile_gives_a_contract_profile_that_predicts_its_own_data():
     assert t_alone == pytest.approx([t.iteration_time_s for t in types])
     t7 = model.iteration_times_s(np.array(7.0))
     assert t7[0] == pytest.approx(clusters[2].workers[0].iteration_time_s, rel=1e-3)
+    assert p.model_extra["fit_quality"]["loss-curve"]["workers"] == [2, 7]  # the sizes the curve was fitted on
+
+
+@pytest.mark.parametrize("name", ["quick", "full"])
+def test_presets_fit_multi_worker_clusters_spanning_the_validation_sizes(name):
+    """One worker's updates to a target do not follow the n-shape of two and more under the
+    asynchronous rule, so the fit clusters have 2 workers or more, and span the validation
+    configurations' sizes and both ends of the batch range (a cluster of each type alone)."""
+    from tasks.profiling.presets import preset
+
+    p = preset(name)
+    fit_sizes = [sum(c.values()) for c in p.fit_clusters]
+    assert min(fit_sizes) >= 2
+    assert all(min(fit_sizes) <= sum(c.values()) <= max(fit_sizes) for c in p.validation_configs)
+    assert {t for c in p.fit_clusters if len(c) == 1 for t in c} == set(p.types)
+    assert not any(c in p.fit_clusters for c in p.validation_configs)
 
 
 @pytest.mark.parametrize("by, chosen", [("workers", "paper"), ("load", "load")])

@@ -466,6 +466,8 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
     chosen = form.candidate(form.chosen)
     spread = chosen.cv_time_log_rms
     summary = {q.name: {"r2": q.r2, "rmse": q.rmse, "n_points": q.n_points} for q in quality.values()}
+    # the cluster sizes the curve was fitted on: outside them a prediction extrapolates the n-shape
+    summary["loss-curve"]["workers"] = [min(c.n for c in cluster_measurements), max(c.n for c in cluster_measurements)]
     summary["form"] = {"chosen": form.chosen, "cv_time_log_rms": {c.name: c.cv_time_log_rms for c in form.candidates}}
     profile = profile_with(chosen.contention, chosen.loss, fit_quality=summary, **(extra or {}),
                            **({} if spread is None else {"uncertainty": {"time_log_sd": spread, "method": form.method}}))
