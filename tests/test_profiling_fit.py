@@ -11,7 +11,7 @@ from tasks.model import Model, contended_bandwidth_mbps
 from tasks.profiling.clusters import smoothed_losses, worker_observations
 from tasks.profiling.fit import (
     LossSeries, cluster_shape, crossings, fit_contention, fit_loss_curve, fit_memory, fit_profile, loss_band,
-    loss_curve, max_batch_per_gpu,
+    iterations_to_loss, loss_curve, max_batch_per_gpu,
 )
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
@@ -20,6 +20,7 @@ from tasks.runtime.telemetry import TelemetryReader
 
 RNG = np.random.default_rng(7)
 GAMMA = np.array([40.0, -0.5, 60.0, 0.4, 1.3])
+GAMMA_WITHOUT_R = [40.0, -0.5, 60.0, None, 1.3]  # gamma4 null: what clusters without one worker are fitted with
 S_MB, BREQ, BPS = 0.44, 16.0, 20.0
 
 
@@ -78,9 +79,10 @@ def test_contention_fit_that_does_not_converge_is_an_error():
 # ---------------------------------------------------------------- loss curve
 
 
-def _series(noise=0.0):
+def _series(noise=0.0, one_worker=True):
+    """Clusters of 2, 4 and 7 workers (and one worker alone) on the R-aware curve GAMMA."""
     out = []
-    for bw, cc, n in ((10.0, 0.6, 2), (14.0, 0.8, 4), (8.0, 0.9, 7)):
+    for bw, cc, n in ((10.0, 0.6, 2), (14.0, 0.8, 4), (8.0, 0.9, 7)) + (((12.0, 0.0, 1),) if one_worker else ()):
         j = np.arange(1, 400, 2, dtype=float)
         loss = loss_curve(j, bw, cc, n, GAMMA) + noise * RNG.standard_normal(len(j))
         out.append(LossSeries(bw, cc, n, j, loss))
@@ -95,6 +97,21 @@ def test_loss_curve_fit_recovers_iterations_to_target():
         truth = (GAMMA[1] * bw + GAMMA[2]) * np.sqrt((cc + GAMMA[3]) * n) / (1.6 - GAMMA[4]) - GAMMA[0]
         fitted = (g[1] * bw + g[2]) * np.sqrt((cc + g[3]) * n) / (1.6 - g[4]) - g[0]
         assert fitted == pytest.approx(truth, rel=0.03)
+
+
+def test_loss_curve_fit_leaves_gamma4_null_without_a_one_worker_cluster():
+    """Without R = 0 in the data gamma4 is not identified, yet it alone sets the one-worker
+    prediction (at gamma4 near 0 one worker converges at once): the fit leaves it null."""
+    with_one = fit_loss_curve(_series(noise=0.005))
+    without = fit_loss_curve(_series(noise=0.005, one_worker=False))
+    assert with_one.params["gamma4"] is not None and without.params["gamma4"] is None
+    assert list(without.params) == ["gamma1", "gamma2", "gamma3", "gamma4", "gamma5"]
+    assert "gamma4" not in without.start and without.r2 > 0.95
+    g = list(without.params.values())
+    one, two = (float(iterations_to_loss(np.array(1.6), 12.0, cc, n, g)) for cc, n in ((0.0, 1), (0.707, 2)))
+    assert one == pytest.approx((two + g[0]) / np.sqrt(2) - g[0])  # n ** 1/2: no R term
+    kappa = fit_loss_curve(_series(one_worker=False), free_kappa=True).params
+    assert kappa["gamma4"] is None and 0.25 <= kappa["kappa"] <= 1.0
 
 
 def test_loss_curve_fit_errors_name_the_cause():
@@ -171,7 +188,7 @@ def _measurements(by="workers"):
                                                for t, m in cluster.items() for _ in range(m)])]
         bw, cc = cluster_shape([w.batch for w in workers], [w.iteration_time_s for w in workers])
         j = np.arange(1, 300)
-        losses = [(int(x), float(v)) for x, v in zip(j, loss_curve(j, bw, cc, n, GAMMA))]
+        losses = [(int(x), float(v)) for x, v in zip(j, loss_curve(j, bw, cc, n, GAMMA_WITHOUT_R))]
         clusters.append(ClusterMeasurement(cluster=cluster, workers=workers, ps_bandwidth_mbps=BPS, updates_total=299,
                                            duration_s=30.0, ps_throughput_mbps=15.0, losses=losses, wall_s=40.0))
     return types, clusters

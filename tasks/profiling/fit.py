@@ -36,7 +36,7 @@ class FitQuality(BaseModel):
     """How well one fit explains its data."""
 
     name: str
-    params: dict[str, float]
+    params: dict[str, float | None]  # None: a parameter the data cannot identify, left null
     start: dict[str, float]
     n_points: int
     residuals: list[float]
@@ -170,13 +170,13 @@ def cluster_shape(batches: Sequence[float], iteration_times_s: Sequence[float]) 
     return float(v * texp), cc
 
 
-def loss_curve(j: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
-    """Eq. 3 with gamma4 (the R-aware form); g = gamma1..gamma5 (the paper's sqrt) or
-    gamma1..gamma5, kappa (the n-shape extension)."""
+def loss_curve(j: np.ndarray, bw, cc, n, g: Sequence) -> np.ndarray:
+    """Eq. 3; g = gamma1..gamma5 (the paper's sqrt) or gamma1..gamma5, kappa (the n-shape
+    extension), with gamma4 None for the form without R (the released prototype's)."""
     return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (j + g[0]) + g[4]
 
 
-def iterations_to_loss(loss: np.ndarray, bw, cc, n, g: np.ndarray) -> np.ndarray:
+def iterations_to_loss(loss: np.ndarray, bw, cc, n, g: Sequence) -> np.ndarray:
     """Eq. 3 solved for j: the updates the curve needs to come down to `loss`."""
     return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (loss - g[4]) - g[0]
 
@@ -185,6 +185,7 @@ MIN_ITERATIONS = 10.0  # relative iteration residuals are taken against at least
 
 
 KAPPA_BOUNDS = (0.25, 1.0)  # the n-shape exponents the profile contract allows
+GAMMA4_BOUNDS = (1e-3, 10.0)
 
 
 def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, max_nfev: int | None = None) -> FitQuality:
@@ -192,7 +193,12 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, ma
     KAPPA_BOUNDS instead of the paper's 1/2), fitted in the space the planner uses it in: for
     every observed (j, loss) point, the iterations the curve predicts to reach that loss against
     the observed j (relative residuals). A loss-space fit spends its accuracy on the plateau and
-    misses where the curve crosses a target (docs/profiling.md)."""
+    misses where the curve crosses a target (docs/profiling.md).
+
+    gamma4 is fitted only when a cluster of one worker (R = 0) is among the series: clusters of
+    two workers and more span R of about 0.7-0.9, where gamma4 moves the fit little, but it sets
+    what the curve predicts for one worker, down to converging at once (gamma4 near 0). Without
+    one, gamma4 is null (n ** kappa, no R term: the released prototype's form)."""
     if not series:
         raise ProfilingError("loss-curve fit: no profiled clusters")
     for s in series:
@@ -210,22 +216,34 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, ma
     if high <= low:
         raise ProfilingError("loss-curve fit: the loss did not fall in any profiled cluster")
     scale = np.maximum(j, MIN_ITERATIONS)
-    lower = np.array([0.0, -1e4, -1e4, 1e-3, min(0.0, low - abs(low) - 1.0)])
-    upper = np.array([1e6, 1e4, 1e6, 10.0, low - 1e-3 * (high - low)])
+    with_gamma4 = any(s.workers == 1 for s in series)
+    lower = np.array([0.0, -1e4, -1e4, GAMMA4_BOUNDS[0], min(0.0, low - abs(low) - 1.0)])
+    upper = np.array([1e6, 1e4, 1e6, GAMMA4_BOUNDS[1], low - 1e-3 * (high - low)])
     names = ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5")
+    if not with_gamma4:
+        lower, upper, names = np.delete(lower, 3), np.delete(upper, 3), names[:3] + names[4:]
     if free_kappa:
         lower, upper, names = np.append(lower, KAPPA_BOUNDS[0]), np.append(upper, KAPPA_BOUNDS[1]), names + ("kappa",)
     starts = []
     for kappa in ((0.5, 0.75) if free_kappa else (0.5,)):
-        spread = float(np.median(((cc + 0.5) * n) ** kappa))
+        spread = float(np.median(cluster_spread(cc, n, 0.5 if with_gamma4 else None, kappa)))
         for gamma1 in (10.0, 100.0, 1000.0):
             for floor in (0.9 * low, 0.5 * low):
                 gamma3 = max(high - floor, 1e-3) * gamma1 / spread
-                starts.append(np.array([gamma1, 0.0, gamma3, 0.5, floor] + ([kappa] if free_kappa else [])))
-    result, x0 = _least_squares("loss-curve", lambda g: (iterations_to_loss(loss, bw, cc, n, g) - j) / scale,
+                starts.append(np.array([gamma1, 0.0, gamma3] + ([0.5] if with_gamma4 else []) + [floor]
+                                       + ([kappa] if free_kappa else [])))
+
+    def gammas(x: np.ndarray) -> list:
+        """gamma1..gamma5 (and kappa) from the fitted vector, gamma4 None without one worker."""
+        return list(x) if with_gamma4 else [x[0], x[1], x[2], None, *x[3:]]
+
+    result, x0 = _least_squares("loss-curve", lambda x: (iterations_to_loss(loss, bw, cc, n, gammas(x)) - j) / scale,
                                 starts, lower, upper, max_nfev)
-    predicted_j = iterations_to_loss(loss, bw, cc, n, result.x)
-    return _quality("loss-curve", names, result, x0, j, predicted_j)
+    predicted_j = iterations_to_loss(loss, bw, cc, n, gammas(result.x))
+    quality = _quality("loss-curve", names, result, x0, j, predicted_j)
+    if not with_gamma4:
+        quality.params = {name: quality.params.get(name) for name in names[:3] + ("gamma4",) + names[3:]}
+    return quality
 
 
 def _quality(name, names, result, x0, observed, predicted, residuals=None) -> FitQuality:
