@@ -241,6 +241,25 @@ def test_fit_chooses_the_form_that_predicts_held_out_clusters(by, chosen):
     assert p.model_extra["fit_quality"]["form"]["cv_time_log_rms"] == errors
 
 
+def _candidate(name, errors):
+    from tasks.profiling.fit import FormCandidate
+
+    return FormCandidate(name=name, contention={}, loss={}, cv_cluster_errors={f"c{k}": e for k, e in enumerate(errors)},
+                         cv_time_log_rms=None if not errors else float(np.sqrt(np.mean(np.square(errors)))))
+
+
+def test_the_simplest_form_within_one_standard_error_of_the_best_is_chosen():
+    from tasks.profiling.fit import simplest_within_one_se
+
+    paper = _candidate("paper", [0.1, 0.4, 0.2, 0.1, 0.3])
+    close = _candidate("kappa", [0.1, 0.37, 0.2, 0.1, 0.28])  # better, by less than its spread
+    assert simplest_within_one_se([paper, close]) == "paper"
+    clear = _candidate("load", [0.02, 0.03, 0.02, 0.03, 0.02])  # better beyond one standard error
+    both = _candidate("kappa+load", [0.02, 0.03, 0.02, 0.03, 0.01])
+    assert simplest_within_one_se([paper, close, clear, both]) == "load"  # fewer extensions than kappa+load
+    assert simplest_within_one_se([_candidate("paper", []), _candidate("kappa", [])]) == "paper"
+
+
 def test_store_is_atomic_keyed_and_keeps_raw_csv(tmp_path):
     types, clusters = _measurements()
     fitted = fit_profile("synthetic", types, clusters)
