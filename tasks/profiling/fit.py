@@ -387,9 +387,9 @@ def simplest_within_one_se(candidates: Sequence[FormCandidate]) -> str:
     """The one-standard-error rule: the simplest form (fewest extensions, FORMS' order on a tie)
     whose mean squared held-out error is within one standard error (over the held-out clusters)
     of the best form's. With five held-out clusters the forms' errors differ by less than their
-    spread, and the smallest then picks noise: in the profiles of docs/profiling.md a free
-    kappa won by 0.03-0.05 in log time while the paper's sqrt predicted the validation clusters
-    better in three of four. "paper" when no form could be scored."""
+    spread, and the smallest alone picks noise (docs/profiling.md: a free kappa that won by
+    0.02-0.05 predicted the validation clusters worse than the paper's sqrt in two profiles of
+    three). "paper" when no form could be scored."""
     scored = [c for c in candidates if c.cv_time_log_rms is not None and c.cv_cluster_errors]
     if not scored:
         return "paper"
