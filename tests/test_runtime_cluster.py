@@ -35,6 +35,13 @@ def _assert_all_gone(provider, run_id):
         assert _proc_start_ticks(pid) is None, f"process {pid} outlived the run"
 
 
+def _wait_gone(pid, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while _proc_start_ticks(pid) is not None:
+        assert time.monotonic() < deadline, f"process {pid} outlived SIGKILL by {timeout_s} s"
+        time.sleep(0.05)
+
+
 def _updates(run_dir):
     return [r for r in read_records(run_dir) if r["kind"] == "update"]
 
@@ -118,8 +125,11 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(provider):
     try:
         driver.add_workers(run, TYPES[0], 1, batch_size=8)
         driver.wait_for(run, lambda p: p.updates_total >= 3 * interval, 90)
-        os.killpg(provider.pid_of("psfail", run.ps_instance.instance_id), signal.SIGKILL)
-        time.sleep(0.5)
+        ps_pid = provider.pid_of("psfail", run.ps_instance.instance_id)
+        os.killpg(ps_pid, signal.SIGKILL)
+        # SIGKILL takes effect when the process is next scheduled: on a loaded machine it may still
+        # finish a checkpoint's rename after killpg returns. Read its files once it is gone.
+        _wait_gone(ps_pid, timeout_s=60)
         killed_at = max(u["version"] for u in _updates(run.run_dir))
         # The newest checkpoint file is what a restart resumes from; the telemetry's "checkpoint"
         # record may not have been written yet when SIGKILL came (it follows the file).
