@@ -202,6 +202,7 @@ def train_with_slo(request: TrainRequest):
         with clock("report"):
             summary = stages.write_report(session, outcome, clock)
         logger.info(summary["verdict"])
-        return Completed(message=summary["verdict"], data=summary)
+        # the state's name is the verdict's head: `prefect deployment run --watch` ends with it
+        return Completed(name="SLO met" if summary["met"] else "SLO missed", message=summary["verdict"], data=summary)
     finally:
         provider.cleanup(run_id)
