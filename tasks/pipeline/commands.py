@@ -10,31 +10,18 @@ from tasks import cli_args
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset,
-# under quotas (one p3.2xlarge, two g3.8xlarge) and a deadline that one or two workers cannot meet
-# at the upper end of the model's 90% interval, so the cheapest plan mixes both types on three
-# workers, with the point prediction well inside the deadline. A real Bamboo p2 trace replayed 30x
-# faster against the p3.2xlarge: its drops at 212 s (9 -> 2 instances) and 299 s (2 -> 0) revoke
-# that worker about 10 s after launch, mid-training; the re-plan keeps the two g3.8xlarge.
+# with a real Bamboo p2 trace replayed 25x faster: its drops at 212 s (9 -> 2 instances) and 299 s
+# (2 -> 0) revoke the run's worker about 12 s after launch.
 DEMO = {
     "workload": "transformer-lm",
     "workload_options": {"seq_len": 16},
     "candidates": ["p3.2xlarge", "g3.8xlarge"],
-    "quotas": {"p3.2xlarge": 1, "g3.8xlarge": 2},
     "target_loss": 1.7,
-    "deadline_s": 21.0,
-    "confidence": 0.9,
+    "deadline_s": 60.0,
     "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
-    "time_scale": 30.0,
-    "trace_type": "p3.2xlarge",
+    "time_scale": 25.0,
+    "trace_type": None,
 }
-
-
-def demo_default(value, types: list[str]):
-    """A demo setting that names instance types, kept where it names candidates only: the demo's
-    quotas and trace type do not follow `--types` elsewhere."""
-    if isinstance(value, dict):
-        return {t: n for t, n in value.items() if t in types}
-    return value if value in types else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,9 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
     p.add_argument("--deadline", type=cli_args.duration_s, default=DEMO["deadline_s"], help="seconds")
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
-    p.add_argument("--quota", type=cli_args.counts, default=None,
-                   help="TYPE=N,... (default: the demo's " + ",".join(f"{t}={n}" for t, n in DEMO["quotas"].items())
-                   + "; 4 of any other type)")
+    p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
     p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
@@ -57,14 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
                    help="with --solver risk: probability of meeting the deadline to plan for")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
-                   help="plan for the upper end of the prediction's interval at this level, in (0, 1) "
-                        f"(default: {DEMO['confidence']} for the demo workload when it is profiled)")
+                   help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
-    p.add_argument("--trace-type", default=None,
-                   help=f"replay the trace against this type's workers only (default: {DEMO['trace_type']}, "
-                        "when a candidate); '' for every worker")
+    p.add_argument("--trace-type", default=DEMO["trace_type"],
+                   help="replay the trace against this type's workers only; '' for every worker")
     p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
                    help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
@@ -82,9 +65,8 @@ def demo_request(artifacts_dir: str = "artifacts"):
     return TrainRequest.model_validate({
         "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
         "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
-        "candidates": {"types": DEMO["candidates"], "quotas": DEMO["quotas"]}, "confidence": DEMO["confidence"],
-        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "trace_type": DEMO["trace_type"],
-                                                      "time_scale": DEMO["time_scale"]}},
+        "candidates": {"types": DEMO["candidates"]},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "time_scale": DEMO["time_scale"]}},
         "artifacts_dir": artifacts_dir,
     })
 
@@ -97,23 +79,18 @@ def build_request(args: argparse.Namespace):
     from tasks.runtime.workloads import parse_options
 
     types = [t for t in args.types.split(",") if t]
-    quotas = args.quota if args.quota is not None else demo_default(DEMO["quotas"], types)
-    trace_type = args.trace_type if args.trace_type is not None else demo_default(DEMO["trace_type"], types)
-    confidence = args.confidence
-    if confidence is None and args.workload == DEMO["workload"] and args.profile is None:
-        confidence = DEMO["confidence"]  # a profile fitted here has the interval (uncertainty) it needs
     try:
         return TrainRequest.model_validate({
             "workload": args.workload,
             "workload_options": parse_options(args.workload_opt) if args.workload_opt else
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
-            "candidates": {"types": types, "quotas": quotas},
+            "candidates": {"types": types, "quotas": args.quota},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
-            "confidence": confidence,
+            "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
-                         "revocations": {"trace": args.trace or None, "trace_type": trace_type or None,
+                         "revocations": {"trace": args.trace or None, "trace_type": args.trace_type or None,
                                          "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},
             "filling": {"enabled": not args.no_filling},
