@@ -114,8 +114,8 @@ def fake_result(rate: float) -> dict:
     mode = {"training_retained": 0.99, "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03,
             "fill_efficiency": 0.6, "spill_fraction": 0.1, "spill_share_of_training_time": 0.02,
             "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3, "online_p50_s": 0.002,
-            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_served": 120, "online_shed": 0,
-            "guard_shrinks": 0}
+            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_wait_p95_s": 0.008, "online_served": 120,
+            "online_shed": 0, "guard_shrinks": 0}
     modes = {m: dict(mode) for m in bench.MODES}
     modes["naive"]["online_p95_s"] = 0.02
     return {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,

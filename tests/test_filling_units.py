@@ -549,7 +549,8 @@ def test_scheduler_serves_online_before_offline_and_records_latency():
     chunk = sched.pick(1.0, now_s=0.2)
     assert chunk.kind == "online" and chunk.batch == 2 and chunk.arrivals_s == [0.0, 0.1]
     sched.complete(chunk, end_s=0.3, busy_s=0.02)
-    assert [lat for _, lat in sched.latencies] == pytest.approx([0.3, 0.2])
+    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.3, 0.2])
+    assert [wait for _, _, wait in sched.latencies] == pytest.approx([0.2, 0.1])  # formed at 0.2
     chunk = sched.pick(0.05, now_s=0.4)
     assert chunk.kind == "offline" and chunk.batch == 4
     sched.complete(chunk, end_s=0.5, busy_s=0.04)

@@ -131,7 +131,9 @@ def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None)
         filler.pause()
         after = filler.metrics()
         out.update({k: after[k] - before[k] for k in COUNTERS})
-        out["latencies_s"] = [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]
+        served = [(lat, wait) for end, lat, wait in filler.scheduler.latencies if t0 <= end <= t1]
+        out["latencies_s"] = [lat for lat, _wait in served]
+        out["waits_s"] = [wait for _lat, wait in served]
     return out
 
 
@@ -146,7 +148,7 @@ def _solo_block(filler, duration_s: float) -> dict:
     after = filler.metrics()
     return {"offline_samples": after["offline_samples"] - before["offline_samples"],
             "wall_s": t1 - t0,
-            "latencies_s": [lat for end, lat in filler.scheduler.latencies if t0 <= end <= t1]}
+            "latencies_s": [lat for end, lat, _wait in filler.scheduler.latencies if t0 <= end <= t1]}
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -154,6 +156,10 @@ def _percentiles(values: list[float]) -> dict:
         return {"online_p50_s": None, "online_p95_s": None, "online_p99_s": None}
     p50, p95, p99 = np.percentile(values, [50, 95, 99])
     return {"online_p50_s": float(p50), "online_p95_s": float(p95), "online_p99_s": float(p99)}
+
+
+def _p95(values: list[float]) -> float | None:
+    return float(np.percentile(values, 95)) if values else None
 
 
 def _round_ratios(alone: dict, run: dict) -> dict:
@@ -178,6 +184,8 @@ def _pooled(blocks: list[dict]) -> dict:
         "online_served": total["online_served"],
         "online_shed": total["online_shed_overflow"] + total["online_shed_expired"],
         **_percentiles([lat for b in blocks for lat in b["latencies_s"]]),
+        # the part of the p95 spent queued (for a bubble, or behind another chunk), not running
+        "online_wait_p95_s": _p95([w for b in blocks for w in b["waits_s"]]),
     }
 
 
@@ -280,6 +288,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubbl
         "offline_samples_per_s": gated["offline_samples_per_s"],
         "offline_share_of_solo": gated["offline_share_of_solo"],
         "online_p95_s": gated["online_p95_s"],
+        "online_wait_p95_s": gated["online_wait_p95_s"],
         "naive_online_p95_s": naive["online_p95_s"],
         "naive_split_online_p95_s": modes["naive_split"]["online_p95_s"],
         # < 0.5 is the issue's "at least 50% lower than naive co-location"
@@ -356,11 +365,13 @@ def format_table(result: dict) -> str:
              f"{st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
              f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
              f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
-             f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'served':>7}{'shed':>6}"]
+             f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'wait95':>8}"
+             f"{'served':>7}{'shed':>6}"]
     solo = result["solo_inference"]
     lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}{'-':>8}"
                  f"{solo['offline_samples_per_s']:>10.1f}{'1.00':>8}"
-                 f"{_fmt(solo['online_p50_s'], '.3f'):>8}{_fmt(solo['online_p95_s'], '.3f'):>8}{'-':>7}{'-':>6}")
+                 f"{_fmt(solo['online_p50_s'], '.3f'):>8}{_fmt(solo['online_p95_s'], '.3f'):>8}{'-':>8}"
+                 f"{'-':>7}{'-':>6}")
     for mode in MODES:
         m = result["modes"][mode]
         lines.append(f"{mode:<13}{m['training_retained']:>9.3f}{m['step_slowdown_p50']:>+9.1%}"
@@ -368,9 +379,11 @@ def format_table(result: dict) -> str:
                      f"{m['spill_fraction']:>7.2f}{m['spill_share_of_training_time']:>8.3f}"
                      f"{m['offline_samples_per_s']:>10.1f}"
                      f"{m['offline_share_of_solo']:>8.2f}{_fmt(m['online_p50_s'], '.3f'):>8}"
-                     f"{_fmt(m['online_p95_s'], '.3f'):>8}{m['online_served']:>7.0f}{m['online_shed']:>6.0f}")
+                     f"{_fmt(m['online_p95_s'], '.3f'):>8}{_fmt(m['online_wait_p95_s'], '.3f'):>8}"
+                     f"{m['online_served']:>7.0f}{m['online_shed']:>6.0f}")
     lines.append("spill = inference busy time outside bubbles / inference busy time; spill/T = the "
-                 "same time / training wall time")
+                 "same time / training wall time; wait95 = p95 of a request's time queued before its "
+                 "chunk started")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
