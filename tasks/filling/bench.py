@@ -46,9 +46,9 @@ TRAINING = {"cpu": None, "cuda": ("resnet110-cifar100", {}, 128)}
 # device -> the inference side's FillConfig fields (besides the rate)
 INFERENCE = {
     # A request served during training's compute costs training about 1.5-2x its own run time
-    # (it preempts one of training's two threads; the other waits at the next barrier), so only
-    # requests whose wait for a bubble would exceed 15 ms are served there: with the quiet
-    # machine's 22 ms compute phase, the arrivals in its first 7 ms (~3 of 20 a second).
+    # (it preempts one of training's two threads; the other waits at the next barrier), so it
+    # waits for the next bubble when that is within 15 ms. Half of naive co-location's p95 (~39 ms
+    # on an idle 2-core machine) leaves no larger bound: the compute phase there is ~63 ms.
     "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 2,
             "online_max_wait_s": 0.015},
     # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
