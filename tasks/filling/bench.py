@@ -9,12 +9,13 @@ discarded (a chunk of the previous mode may still be finishing), as is a warm-up
 which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
 time with the mode (samples per step are fixed); medians over >= 3 rounds are reported.
 
-Sizes (TRAINING, INFERENCE): on the CPU a small CNN trains (batch 64) and a small CNN serves; on a
+Sizes (TRAINING, INFERENCE): on the CPU a small CNN trains (batch 16) and a small CNN serves; on a
 CUDA machine both run on the GPU at realistic sizes: resnet110-cifar100 at batch 128 trains on a
 highest-priority stream (tens of ms per step), a ResNet-50-shaped CNN at 224x224 serves (online
-SLO 50 ms) on lowest-priority streams. The bubble is the push + pull time of a named instance type
-of a profile for the training job's own parameters S, as the performance model has it (Eq. 6, 7
-with one worker): 2 * S / Breq + 2 * g * S / Bpcie, times `bubble_scale`.
+SLO 50 ms) on lowest-priority streams; `training_batch` (--training-batch) overrides the batch.
+The bubble is the push + pull time of a named instance type of a profile for the training job's
+own parameters S, as the performance model has it (Eq. 6, 7 with one worker):
+2 * S / Breq + 2 * g * S / Bpcie, times `bubble_scale`.
 """
 from __future__ import annotations
 
@@ -34,21 +35,29 @@ ARTIFACT = Path("artifacts") / "filling_bench.png"
 DEFAULT_ONLINE_RATE = 20.0  # online requests per second (--online-rate)
 MAX_ONLINE_RATE = 1000.0  # arrivals are generated one by one in Python; the queue holds 64
 MAX_BUBBLE_SCALE = 1000.0  # a bubble 1000x the profile's is a typo (and far past any deadline arithmetic)
+MAX_TRAINING_BATCH = 4096  # BATCHES_KEPT batches of it are made up front
 COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
             "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
 
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "resnet110-cifar100.json"
 INSTANCE_TYPE = "p3.2xlarge"
-# device -> the training job: None is the bench's small CNN at batch 64, else (runtime workload,
-# its options, batch)
-TRAINING = {"cpu": None, "cuda": ("resnet110-cifar100", {}, 128)}
+# device -> the training job: (runtime workload, its options, batch); workload None is the bench's
+# small CNN. The CPU bench emulates the GPU step's shape: on a datacenter GPU at realistic sizes the
+# compute phase is shorter than the bubble (resnet110 batch 128: ~28 ms of compute, ~99 ms of push +
+# pull on p3.2xlarge), and shorter than the online SLO. At batch 16 the small CNN computes in
+# ~12 ms on an idle 2-core machine against its 24.5 ms p3.2xlarge bubble; at batch 64 (~63 ms,
+# `--training-batch 64`) the compute phase is 2.6x the bubble, longer than any online wait the
+# p95 target allows, so requests must run during compute and cost training its time.
+TRAINING = {"cpu": (None, {}, 16), "cuda": ("resnet110-cifar100", {}, 128)}
 # device -> the inference side's FillConfig fields (besides the rate)
 INFERENCE = {
     # A request served during training's compute costs training about 1.5-2x its own run time
     # (it preempts one of training's two threads; the other waits at the next barrier), so it
-    # waits for the next bubble when that is within 15 ms. Half of naive co-location's p95 (~39 ms
-    # on an idle 2-core machine) leaves no larger bound: the compute phase there is ~63 ms.
+    # waits for the next bubble when that is within 15 ms: longer than the compute phase at the
+    # default batch (~12 ms idle), so on an idle machine every request runs in a bubble; only a
+    # compute phase stretched by load (or --training-batch 64) makes the bound bite. Half of naive
+    # co-location's p95 (~39 ms on an idle 2-core machine) leaves no larger bound.
     "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 2,
             "online_max_wait_s": 0.015},
     # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
@@ -74,11 +83,12 @@ def profile_bubble_s(param_mb: float, instance_type: str = INSTANCE_TYPE, profil
     return scale * (2 * param_mb / breq_mbps + 2 * instance.gpus * param_mb / profile.pcie_bandwidth_mbps)
 
 
-def training_job(device: str):
-    spec = TRAINING[device]
-    if spec is None:
-        return TrainingJob(device=device)
-    workload, options, batch = spec
+def training_job(device: str, batch: int | None = None):
+    """The bench's training job on `device`, at its default batch unless `batch` is given."""
+    workload, options, default_batch = TRAINING[device]
+    batch = batch or default_batch
+    if workload is None:
+        return TrainingJob(batch=batch, device=device)
     return TrainingJob.from_workload(workload, options, batch, device)
 
 
@@ -102,8 +112,11 @@ def _another_round(r: int, elapsed_s: float, served: int, s: dict) -> bool:
 
 
 def check_options(online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
-                  bubble_scale: float = 1.0) -> None:
+                  bubble_scale: float = 1.0, training_batch: int | None = None) -> None:
     """Refuse bad options (one line, UserInputError) before any slow work."""
+    if training_batch is not None and not 0 < training_batch <= MAX_TRAINING_BATCH:
+        raise UserInputError(f"--training-batch must be > 0 and at most {MAX_TRAINING_BATCH}, "
+                             f"got {training_batch}")
     for rate in online_rates or []:
         if not 0 < rate <= MAX_ONLINE_RATE:
             raise UserInputError(f"--online-rate must be > 0 and at most {MAX_ONLINE_RATE:g} "
@@ -190,29 +203,31 @@ def _pooled(blocks: list[dict]) -> dict:
 
 
 def run_bench(quick: bool, online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
-              bubble_scale: float = 1.0, device: str | None = None, max_s: float | None = None) -> dict:
+              bubble_scale: float = 1.0, device: str | None = None, max_s: float | None = None,
+              training_batch: int | None = None) -> dict:
     """One bench at one online rate (the default, or the only one given); with several rates,
     one bench per rate, one after another: {"online_rates_per_s": [...], "runs": [...]}.
-    `device`: None picks cuda when torch sees one; `max_s` overrides when rounds stop starting."""
+    `device`: None picks cuda when torch sees one; `max_s` overrides when rounds stop starting;
+    `training_batch` overrides the training job's batch (TRAINING)."""
     import torch
 
     rates = list(online_rates or [DEFAULT_ONLINE_RATE])
-    check_options(rates, instance_type, bubble_scale)
+    check_options(rates, instance_type, bubble_scale, training_batch)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("bench filling: device cuda asked for, but torch sees no CUDA device")
-    bubble = {"instance_type": instance_type, "bubble_scale": bubble_scale}
+    shape = {"instance_type": instance_type, "bubble_scale": bubble_scale, "training_batch": training_batch}
     if len(rates) == 1:
-        return _run_one(quick, rates[0], ARTIFACT, device, bubble, max_s)
+        return _run_one(quick, rates[0], ARTIFACT, device, shape, max_s)
     started_s = time.perf_counter()
     runs = [_run_one(quick, rate, ARTIFACT.with_name(f"filling_bench_rate{rate:g}.png"), device,
-                     bubble, max_s) for rate in rates]
+                     shape, max_s) for rate in rates]
     return {"online_rates_per_s": rates, "runs": runs,
             "elapsed_s": time.perf_counter() - started_s}
 
 
-def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubble: dict,
+def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape: dict,
              max_s: float | None) -> dict:
     s = _settings(quick)
     if max_s is not None:
@@ -220,8 +235,8 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubbl
     config = bench_config(device, online_rate)
     check_memory_fits(config, copies=len(MODES) + 1)  # every mode's filler and inference alone
     started_s = time.perf_counter()
-    job = training_job(device)
-    job.set_bubble(profile_bubble_s(job.param_mb, bubble["instance_type"], scale=bubble["bubble_scale"]))
+    job = training_job(device, shape["training_batch"])
+    job.set_bubble(profile_bubble_s(job.param_mb, shape["instance_type"], scale=shape["bubble_scale"]))
     probe = BubbleMonitor()
     job.run(2 * s["warmup_steps"], probe)
     # The fastest compute phase: the machine's background load only ever adds to it.
@@ -300,7 +315,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, bubbl
         "settings": {**s, "device": device, "device_name": _device_name(device),
                      "rounds_run": len(ratios), "compute_s": compute_s,
                      "comm_s": job.transfer_s(), "bubble_share": job.transfer_s() / step_s,
-                     **bubble, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
+                     **shape, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
                      "param_mb": job.param_mb, "training_batch": job.batch,
                      "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
     }
