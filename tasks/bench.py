@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from tasks.cli_args import positive_float, positive_floats
+from tasks.cli_args import batch_size, positive_float, positive_floats
 from tasks.errors import UserInputError
 
 BENCHES = {
@@ -24,7 +24,8 @@ BENCHES = {
 # option dest -> (flag, the benchmark that takes it, run_bench's keyword)
 BENCH_OPTIONS = {"online_rate": ("--online-rate", "filling", "online_rates"),
                  "instance_type": ("--instance-type", "filling", "instance_type"),
-                 "bubble_scale": ("--bubble-scale", "filling", "bubble_scale")}
+                 "bubble_scale": ("--bubble-scale", "filling", "bubble_scale"),
+                 "training_batch": ("--training-batch", "filling", "training_batch")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default p3.2xlarge)")
     p.add_argument("--bubble-scale", type=positive_float, metavar="X",
                    help="filling only: multiply the bubble by X (default 1)")
+    p.add_argument("--training-batch", type=batch_size, metavar="N",
+                   help="filling only: the training job's batch (default 16 on CPU, where the "
+                        "compute phase is shorter than the bubble as on a GPU; 128 on CUDA)")
     p.set_defaults(handler=_run)
 
 

@@ -30,11 +30,12 @@ def test_positive_floats_parses_one_rate_or_a_list():
 
 @pytest.fixture
 def fake_bench(monkeypatch):
-    """Record the rates a bench would run at, instead of running it (seconds, not minutes)."""
+    """Record the rates and training shapes a bench would run at, instead of running it (seconds,
+    not minutes)."""
     calls = []
 
-    def run_one(quick, online_rate, artifact, device, bubble, max_s):
-        calls.append((quick, online_rate, artifact))
+    def run_one(quick, online_rate, artifact, device, shape, max_s):
+        calls.append((quick, online_rate, artifact, shape))
         return fake_result(online_rate)
 
     monkeypatch.setattr(bench, "_run_one", run_one)
@@ -51,6 +52,9 @@ def fake_bench(monkeypatch):
     (["bench", "filling", "--instance-type", "z9.huge"], "unknown instance type 'z9.huge'"),
     (["bench", "filling", "--bubble-scale", "0"], "must be a positive number, got 0"),
     (["bench", "runtime", "--bubble-scale", "2"], "applies only to `bench filling`"),
+    (["bench", "filling", "--training-batch", "0"], "must be a positive integer"),
+    (["bench", "filling", "--training-batch", "5000"], "--training-batch must be > 0 and at most 4096"),
+    (["bench", "planner", "--training-batch", "64"], "applies only to `bench filling`"),
 ])
 def test_bad_online_rate_is_one_line_and_exit_2(argv, fragment, capsys, fake_bench):
     assert exit_status(argv) == 2
@@ -62,7 +66,7 @@ def test_bad_online_rate_is_one_line_and_exit_2(argv, fragment, capsys, fake_ben
 def test_one_rate_keeps_the_issue_keys_at_top_level_and_records_the_rate(capsys, fake_bench):
     assert main(["bench", "filling", "--quick", "--json", "--online-rate", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert fake_bench == [(True, 5.0, bench.ARTIFACT)]
+    assert [call[:3] for call in fake_bench] == [(True, 5.0, bench.ARTIFACT)]
     assert out["online_rate_per_s"] == 5.0
     for key in ("training_retained", "naive_training_retained", "fill_efficiency", "spill_fraction",
                 "offline_samples_per_s", "offline_share_of_solo", "online_p95_s",
@@ -72,14 +76,29 @@ def test_one_rate_keeps_the_issue_keys_at_top_level_and_records_the_rate(capsys,
 
 def test_without_the_option_the_bench_runs_at_the_default_rate(capsys, fake_bench):
     assert main(["bench", "filling", "--quick"]) == 0
-    assert [rate for _q, rate, _a in fake_bench] == [bench.DEFAULT_ONLINE_RATE]
+    assert [rate for _q, rate, _a, _s in fake_bench] == [bench.DEFAULT_ONLINE_RATE]
+    assert fake_bench[0][3]["training_batch"] is None  # the device's default batch
     assert "online arrivals 20/s" in capsys.readouterr().out
+
+
+def test_the_training_batch_option_reaches_the_bench(capsys, fake_bench):
+    assert main(["bench", "filling", "--quick", "--training-batch", "64"]) == 0
+    assert [shape for *_call, shape in fake_bench] == [
+        {"instance_type": "p3.2xlarge", "bubble_scale": 1.0, "training_batch": 64}]
+
+
+def test_the_cpu_training_job_takes_its_default_batch_or_the_one_given():
+    default = bench.training_job("cpu")
+    assert default.batch == bench.TRAINING["cpu"][2] and default.name == "small-cnn"
+    wide = bench.training_job("cpu", 64)
+    assert wide.batch == 64 and wide.batches[0][0].shape[0] == 64
+    assert wide.param_mb == default.param_mb  # the batch changes the compute phase, not the bubble
 
 
 def test_a_list_of_rates_runs_one_bench_per_rate_in_order(capsys, fake_bench):
     assert main(["bench", "filling", "--online-rate", "10,2"]) == 0
-    assert [(q, rate) for q, rate, _a in fake_bench] == [(False, 10.0), (False, 2.0)]
-    assert len({artifact for _q, _r, artifact in fake_bench}) == 2  # one plot per rate
+    assert [(q, rate) for q, rate, _a, _s in fake_bench] == [(False, 10.0), (False, 2.0)]
+    assert len({artifact for _q, _r, artifact, _s in fake_bench}) == 2  # one plot per rate
     table = capsys.readouterr().out
     rows = [line.split() for line in table.splitlines()[1:3]]
     assert [row[0] for row in rows] == ["10", "2"]
@@ -114,8 +133,8 @@ def fake_result(rate: float) -> dict:
     mode = {"training_retained": 0.99, "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03,
             "fill_efficiency": 0.6, "spill_fraction": 0.1, "spill_share_of_training_time": 0.02,
             "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3, "online_p50_s": 0.002,
-            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_served": 120, "online_shed": 0,
-            "guard_shrinks": 0}
+            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_wait_p95_s": 0.008, "online_served": 120,
+            "online_shed": 0, "guard_shrinks": 0}
     modes = {m: dict(mode) for m in bench.MODES}
     modes["naive"]["online_p95_s"] = 0.02
     return {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,

@@ -195,10 +195,12 @@ def test_profile_section_runs_its_code_on_the_cpu():
 def test_cuda_entry_points_fail_cleanly_without_a_device():
     from tasks.filling import gpu_check
     from tasks.filling.cuda_timing import DeviceTimedPhases
-    from tasks.filling.executor import CudaExecutor, lowest_priority_stream, training_stream
+    from tasks.filling.executor import (CudaExecutor, lowest_priority_stream, training_stream,
+                                        training_stream_scope)
     from tasks.filling.models import build_workload
 
     for call in (lambda: training_stream(), lambda: lowest_priority_stream("cuda"),
+                 lambda: training_stream_scope("cuda"),
                  lambda: CudaExecutor(build_workload("cnn", 4)), lambda: DeviceTimedPhases(None),
                  lambda: TrainingJob(batch=4, width=4, device="cuda")):
         with pytest.raises(RuntimeError, match="no CUDA device"):
@@ -207,6 +209,22 @@ def test_cuda_entry_points_fail_cleanly_without_a_device():
                  gpu_check.profile_section, lambda: check_memory_fits(FillConfig(device="cuda"))):
         with pytest.raises(UserInputError, match="no CUDA device|sees none"):
             call()
+
+
+def test_a_filling_worker_computes_on_the_highest_priority_stream_on_cuda_only():
+    from tasks.filling.executor import training_stream_scope
+    from tasks.runtime.worker import fill_stream_scope
+
+    with fill_stream_scope(None, "cuda"):  # no filler: the worker's streams are left alone
+        pass
+    with fill_stream_scope(object(), "cpu"), training_stream_scope("cpu"):
+        pass
+    if not torch.cuda.is_available():
+        return
+    _least, greatest = torch.cuda.Stream.priority_range()
+    with fill_stream_scope(object(), "cuda"):
+        assert torch.cuda.current_stream().priority == greatest
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
 BLOCKED = """

@@ -172,13 +172,14 @@ def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
     assert ratios["step_slowdown_p99"] > 0.3
     block = dict.fromkeys(COUNTERS, 0.0) | {"busy_s": 2.0, "busy_in_bubble_s": 1.5, "spill_s": 0.5,
                                            "bubble_s": 3.0, "offline_samples": 30, "wall_s": 6.0,
-                                           "latencies_s": [0.1, 0.2]}
+                                           "latencies_s": [0.1, 0.2], "waits_s": [0.0, 0.1]}
     pooled = _pooled([block, block])
     assert pooled["fill_efficiency"] == pytest.approx(0.5)
     assert pooled["spill_fraction"] == pytest.approx(0.25)
     assert pooled["spill_share_of_training_time"] == pytest.approx(1.0 / 12.0)
     assert pooled["offline_samples_per_s"] == pytest.approx(5.0)
     assert pooled["online_p50_s"] == pytest.approx(0.15)
+    assert pooled["online_wait_p95_s"] == pytest.approx(0.1)
 
 
 def test_a_failing_inference_chunk_stops_filling_not_training(one_training_thread):

@@ -108,6 +108,30 @@ def test_compute_start_closes_a_bubble_whose_comm_end_never_came():
     assert monitor.bubble_count == 4
 
 
+def test_monitor_predicts_the_wait_for_the_next_bubble_from_the_median_compute_phase():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, window=3, clock=clock)
+    assert monitor.predicted_wait_s() == 0.0  # nothing seen yet: no reason to serve outside bubbles
+    for compute_s in (0.04, 0.9, 0.05, 0.06):  # the last 3: one long phase does not move a median
+        monitor.compute_start(0)
+        clock.now += compute_s
+        monitor.compute_end(0)
+        monitor.comm_start(0)
+        clock.now += 0.1
+        monitor.comm_end(0)
+    assert monitor.compute_estimate_s == pytest.approx(0.06)
+    assert monitor.predicted_wait_s() == pytest.approx(0.06)  # between steps: a whole phase
+    monitor.compute_start(1)
+    clock.now += 0.02
+    assert monitor.predicted_wait_s() == pytest.approx(0.04)
+    clock.now += 0.1  # a phase longer than predicted: the bubble is due
+    assert monitor.predicted_wait_s() == 0.0
+    monitor.compute_end(1)
+    monitor.comm_start(1)
+    clock.now += 0.03  # 0.07 of the predicted 0.1 s bubble left, then a compute phase
+    assert monitor.predicted_wait_s() == pytest.approx(0.07 + monitor.compute_estimate_s)
+
+
 def test_monitor_reports_compute_times_to_listeners():
     clock = FakeClock()
     monitor = BubbleMonitor(clock=clock)
@@ -230,18 +254,20 @@ def fits(cost_s: float):
 
 
 def reserve_gate(budget: float = 1.0):
-    """A gate with a 2% online reserve after three steps of 0.1 s compute and 0.05 s bubbles."""
+    """A gate with a 2% online reserve and a 20 ms wait bound after three steps of 0.05 s compute
+    and 0.1 s bubbles."""
     clock = FakeClock()
     monitor = BubbleMonitor(quantile=0.5, clock=clock)
     run_steps(monitor, clock, 0.05, [0.1] * 3)
     guard = calibrated_guard(budget=budget)
-    return clock, monitor, guard, Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02)
+    return clock, monitor, guard, Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02,
+                                       online_max_wait_s=0.02)
 
 
 def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
     clock, monitor, _guard, gate = reserve_gate()
-    monitor.compute_start(3)  # training computes: no bubble
     clock.now += 0.5
+    monitor.compute_start(3)  # training computes: the next bubble is 0.05 s away, over the bound
 
     assert gate.online_allowance_s() == pytest.approx(0.01)  # 0.02 s per s for 0.5 s
     assert gate.start("online", fits(0.011)) is None  # never more than the reserve holds
@@ -252,7 +278,32 @@ def test_online_reserve_admits_outside_bubbles_only_what_it_has_saved():
     assert gate.reserve_s == pytest.approx(0.002)
     assert gate.start("online", fits(0.008)) is None
     clock.now += 10.0
-    assert gate.online_allowance_s() == pytest.approx(0.02 * RESERVE_SAVED_S)  # saved up, capped
+    gate.online_allowance_s()
+    assert gate.reserve_s == pytest.approx(0.02 * RESERVE_SAVED_S)  # saved up, capped
+
+
+def test_a_request_waits_for_a_bubble_predicted_within_the_bound_and_is_served_at_once_otherwise():
+    clock, monitor, _guard, gate = reserve_gate()
+    clock.now += 1.0  # the reserve is full
+    monitor.compute_start(3)
+    assert monitor.predicted_wait_s() == pytest.approx(0.05)
+    assert gate.start("online", fits(0.001)) == 0.001  # 50 ms to the bubble: served now
+    clock.now += 0.035
+    assert gate.start("online", fits(0.001)) is None  # 15 ms to the bubble: it waits
+    clock.now += 0.015
+    monitor.compute_end(3)
+    assert monitor.predicted_wait_s() == 0.0  # the bubble opens next
+    monitor.comm_start(3)
+    assert gate.start("online", fits(0.001)) == 0.001  # inside the bubble
+    clock.now += 0.0995  # 0.5 ms of the predicted 100 ms bubble left: the next is 50.5 ms away
+    assert monitor.predicted_wait_s() == pytest.approx(0.0505)
+    assert gate.start("online", fits(0.001)) == 0.001  # from the reserve, not the bubble
+    lenient = Gate(monitor, gate.guard, max_in_flight=1, margin=0.0, online_reserve=0.02,
+                   online_max_wait_s=0.06)
+    clock.now += 1.0
+    monitor.comm_end(3)
+    monitor.compute_start(4)
+    assert lenient.start("online", fits(0.001)) is None  # within its bound: wait for the bubble
 
 
 def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the_guard():
@@ -275,8 +326,8 @@ def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the
 
 def test_while_the_guard_calibrates_the_reserve_waits_so_that_clean_phases_come():
     clock, monitor, guard, gate = reserve_gate()
-    monitor.compute_start(3)
     clock.now += 0.5
+    monitor.compute_start(3)
     guard.calibrating = True
     assert gate.online_allowance_s() == 0.0  # training computes: the saved reserve is not spent
     assert gate.start("online", fits(0.001)) is None
@@ -286,15 +337,18 @@ def test_while_the_guard_calibrates_the_reserve_waits_so_that_clean_phases_come(
 
 def test_a_shrunk_budget_slows_the_reserve_refill_but_keeps_its_capacity():
     clock, monitor, guard, gate = reserve_gate(budget=0.05)
-    monitor.compute_start(3)
     clock.now += 1.0
+    monitor.compute_start(3)
     assert gate.online_allowance_s() == pytest.approx(0.001)  # refills at 0.02 * 0.05 per s
     assert gate.start("online", fits(0.005)) is None  # a 5 ms request must wait for its tokens ...
+    monitor.compute_end(3)
     clock.now += 4.0
+    monitor.compute_start(4)
     assert gate.online_allowance_s() == pytest.approx(0.005)
     assert gate.start("online", fits(0.005)) == 0.005  # ... but is not shut out for good
     clock.now += 100.0
-    assert gate.online_allowance_s() == pytest.approx(0.02 * RESERVE_SAVED_S)  # same cap as budget 1
+    gate.online_allowance_s()
+    assert gate.reserve_s == pytest.approx(0.02 * RESERVE_SAVED_S)  # same cap as budget 1
 
 
 def test_open_admission_ignores_bubbles_but_keeps_k():
@@ -495,7 +549,8 @@ def test_scheduler_serves_online_before_offline_and_records_latency():
     chunk = sched.pick(1.0, now_s=0.2)
     assert chunk.kind == "online" and chunk.batch == 2 and chunk.arrivals_s == [0.0, 0.1]
     sched.complete(chunk, end_s=0.3, busy_s=0.02)
-    assert [lat for _, lat in sched.latencies] == pytest.approx([0.3, 0.2])
+    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.3, 0.2])
+    assert [wait for _, _, wait in sched.latencies] == pytest.approx([0.2, 0.1])  # formed at 0.2
     chunk = sched.pick(0.05, now_s=0.4)
     assert chunk.kind == "offline" and chunk.batch == 4
     sched.complete(chunk, end_s=0.5, busy_s=0.04)

@@ -35,6 +35,9 @@ class FillConfig(BaseModel):
     margin_s: float = Field(0.0, ge=0)
     # share of wall time online requests may run outside bubbles (scaled by the guard's budget)
     online_reserve: float = Field(0.02, ge=0, le=1)
+    # a request waits for the next bubble when it is predicted to open within this bound, else it
+    # runs at once from the online reserve; None: half the SLO
+    online_max_wait_s: float | None = Field(None, ge=0)
     tolerance: float = Field(0.02, gt=0)  # guard: allowed compute-time drift over solo
     calibration_steps: int = Field(5, ge=1)  # guard: compute phases per solo baseline
     rebaseline_every: int = Field(50, ge=1)  # guard: steps between fresh solo baselines
@@ -100,6 +103,11 @@ def check_device(config: FillConfig) -> None:
         raise UserInputError("fill config: device is cuda but torch sees no CUDA device")
 
 
+def online_max_wait(config: FillConfig) -> float:
+    """The gate's bound on how long a request waits for a bubble (half the SLO by default)."""
+    return config.slo_s / 2 if config.online_max_wait_s is None else config.online_max_wait_s
+
+
 def assemble(config: FillConfig, policy: Policy = "gated"):
     """Build (not start) a filler for `policy`; checks the device and the memory first."""
     from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
@@ -120,7 +128,7 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
     guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
     if policy == "gated":
         admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s,
-                         config.online_reserve)
+                         config.online_reserve, online_max_wait(config))
     elif policy in ("naive", "naive_split"):
         admission = OpenAdmission(config.max_in_flight)
     else:

@@ -20,6 +20,7 @@ what isolates.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -72,6 +73,15 @@ def training_stream(device: str = "cuda") -> "torch.cuda.Stream":
     require_cuda("the training stream")
     _least, greatest = torch.cuda.Stream.priority_range()
     return torch.cuda.Stream(device=device, priority=greatest)
+
+
+def training_stream_scope(device: str):
+    """A context in which a training loop on `device` runs on training_stream() (CUDA), so that
+    its kernels go ahead of the inference lanes' queued ones; a no-op context on the CPU. CUDA's
+    current stream is per thread: the lanes keep their own."""
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(training_stream(device))
 
 
 def lowest_priority_stream(device) -> "torch.cuda.Stream":

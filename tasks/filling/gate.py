@@ -10,17 +10,21 @@ nothing new starts; chunks already running finish on their own (at most K). No o
 starts before the guard has its solo baseline, nor while it re-measures it.
 
 The online lane (one thread, one chunk at a time) runs next to the offline lanes, so a request
-never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance, or
-else when it fits the online reserve: a token bucket of inference-seconds outside bubbles that
-fills at `online_reserve * budget` per second of wall time (at most `online_reserve` * 1 s saved
-up: the guard's budget slows the refill, it does not shrink what the bucket holds)
-and is charged, when a chunk ends, with the part of it that ran outside bubbles. A request that
-arrives while training computes is then served at once instead of waiting for the next bubble; the
-reserve bounds what that can take from training, and the guard's budget shrinks it when training
-slows. Online requests are served while the guard re-measures its baseline too, but only inside
-bubbles: the reserve waits until the baseline is back, so that clean compute phases come (when
-requests arrive faster than compute phases end, reserve chunks touched every phase, the guard never
-finished calibrating and no offline chunk ever started).
+never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance.
+Otherwise it waits for the next bubble, unless that is predicted to open more than
+`online_max_wait_s` from now (monitor.predicted_wait_s: the rest of the compute phase, or the rest
+of a bubble the chunk does not fit plus a compute phase): then it may run at once from the online
+reserve, a token bucket of inference-seconds outside bubbles that fills at
+`online_reserve * budget` per second of wall time (at most `online_reserve` * 1 s saved up: the
+guard's budget slows the refill, it does not shrink what the bucket holds) and is charged, when a
+chunk ends, with the part of it that ran outside bubbles. So a request waits at most about
+`online_max_wait_s` for a bubble while the reserve lasts, and only requests that would wait longer
+touch training's compute: with compute phases shorter than the bound, none does. The reserve caps
+what they take, and the guard's budget shrinks its refill when training slows. Online requests
+are served while the guard re-measures its baseline too, but only inside bubbles: the reserve
+waits until the baseline is back, so that clean compute phases come (when requests arrive faster
+than compute phases end, reserve chunks touched every phase, the guard never finished calibrating
+and no offline chunk ever started).
 
 Training never waits on inference: the training thread only flips the monitor's state (a lock held
 for microseconds); lanes do all the waiting.
@@ -50,13 +54,15 @@ class Admission(Protocol):
 
 class Gate:
     def __init__(self, monitor: BubbleMonitor, guard: StepTimeGuard, max_in_flight: int,
-                 margin: float, margin_s: float = 0.0, online_reserve: float = 0.0):
+                 margin: float, margin_s: float = 0.0, online_reserve: float = 0.0,
+                 online_max_wait_s: float = 0.0):
         self.monitor = monitor
         self.guard = guard
         self.max_in_flight = max_in_flight
         self.margin = margin
         self.margin_s = margin_s
         self.online_reserve = online_reserve
+        self.online_max_wait_s = online_max_wait_s
         self.in_flight = 0  # offline / shared-lane chunks (the online lane runs one at a time)
         self.reserve_s = 0.0
         self._reserve_at = monitor.clock()
@@ -74,8 +80,9 @@ class Gate:
         return self._bubble_allowance_s(self.guard.budget)
 
     def online_allowance_s(self) -> float:
-        """Seconds an online chunk may take now: the bubble's allowance or the reserve, whichever
-        is larger. The guard's budget scales the reserve, not the bubble: a chunk that fits the
+        """Seconds an online chunk may take now: the bubble's allowance, or the reserve when the
+        next bubble is predicted to open more than online_max_wait_s from now, whichever is
+        larger. The guard's budget scales the reserve, not the bubble: a chunk that fits the
         predicted remainder leaves the compute phase alone, and squeezing requests out of bubbles
         would only make them wait for the next one."""
         now = self.monitor.clock()
@@ -85,8 +92,10 @@ class Gate:
         self.reserve_s = min(self.online_reserve * RESERVE_SAVED_S,
                              self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
-        reserve_s = 0.0 if self.guard.calibrating else self.reserve_s
-        return max(self._bubble_allowance_s(1.0), reserve_s)
+        bubble_s = self._bubble_allowance_s(1.0)
+        if self.guard.calibrating or self.monitor.predicted_wait_s(now) <= self.online_max_wait_s:
+            return bubble_s
+        return max(bubble_s, self.reserve_s)
 
     def start(self, lane, pick):
         # Under the monitor's lock: the bubble cannot close between the check and the pick, so

@@ -5,7 +5,9 @@ device is idle while it pushes gradients and pulls parameters. Bubbles are group
 (slot = step % slots) so that a loop whose steps alternate (e.g. every other step pulls a larger
 update) keeps one estimate per position. The estimate used for admission is a low quantile of the
 slot's recent lengths (conservative: a chunk sized to it rarely outlives the bubble); the EWMA is
-reported for telemetry.
+reported for telemetry. The compute phases' median (of the last `window`) predicts how long a
+request queued now would wait for the next bubble (`predicted_wait_s`), which the gate's online
+wait bound uses.
 """
 from __future__ import annotations
 
@@ -58,6 +60,9 @@ class BubbleMonitor:
         self.bubble_total_s = 0.0
         self.bubble_count = 0
         self.compute_times_s: deque[float] = deque(maxlen=4096)  # recent compute phases
+        self.compute_estimate_s: float | None = None  # median of the last `window` of them
+        self._window = window
+        self._awaiting_comm = False  # compute ended, its bubble not yet opened
         self._compute_listeners: list[Callable[[float], None]] = []
 
     def on_compute_time(self, callback: Callable[[float], None]) -> None:
@@ -70,6 +75,7 @@ class BubbleMonitor:
         # leave the gate open while it computes: close the bubble, keep it out of the estimate.
         if self.open_since is not None:
             self._close(estimate=False)
+        self._awaiting_comm = False
         self._compute_since = self.clock()
 
     def compute_end(self, step: int, compute_s: float | None = None) -> None:
@@ -79,13 +85,18 @@ class BubbleMonitor:
             return
         if compute_s is None:
             compute_s = self.clock() - self._compute_since
-        self._compute_since = None
-        self.compute_times_s.append(compute_s)
+        with self.changed:
+            self._compute_since = None
+            self._awaiting_comm = True
+            self.compute_times_s.append(compute_s)
+            recent = list(self.compute_times_s)[-self._window:]
+            self.compute_estimate_s = float(np.median(recent))
         for callback in self._compute_listeners:
             callback(compute_s)
 
     def comm_start(self, step: int) -> None:
         with self.changed:
+            self._awaiting_comm = False
             self.open_since = self.clock()
             self._open_slot = step % len(self.slots)
             self.generation += 1
@@ -122,6 +133,23 @@ class BubbleMonitor:
                 return 0.0
             now = self.clock() if now is None else now
             return max(0.0, predicted - (now - self.open_since))
+
+    def predicted_wait_s(self, now: float | None = None) -> float:
+        """Predicted time until the next bubble opens, for a request that finds no room now: the
+        rest of the running compute phase; inside a bubble, its predicted remainder plus a whole
+        compute phase (a request that does not fit it waits for the one after); 0 before any
+        compute phase was seen."""
+        with self.changed:
+            compute_s = self.compute_estimate_s
+            if compute_s is None or self._awaiting_comm:
+                return 0.0
+            now = self.clock() if now is None else now
+            if self._compute_since is not None:
+                return max(0.0, compute_s - (now - self._compute_since))
+            if self.open_since is None:  # between comm_end and the next compute_start
+                return compute_s
+            predicted = self.slots[self._open_slot].predicted_s() or 0.0
+            return max(0.0, predicted - (now - self.open_since)) + compute_s
 
     def overlap_s(self, start: float, end: float) -> float:
         """Seconds of [start, end] that fell inside bubbles (closed ones and the open one)."""

@@ -8,7 +8,8 @@ time and share one latency SLO. Shedding (documented, counted):
 - expired: a queued request already older than the SLO when a chunk is formed is dropped, since
   serving it cannot meet the SLO and would spend bubble time that fresher requests need;
 - paused: requests still queued when the filler is paused are dropped.
-Served requests' latency = completion - arrival. Offline work scores a fixed dataset over and over
+Served requests' latency = completion - arrival, of which the wait = the chunk's forming - arrival
+(the rest is the chunk's run). Offline work scores a fixed dataset over and over
 (epochs); its progress is counted in samples.
 """
 from __future__ import annotations
@@ -155,7 +156,8 @@ class Scheduler:
         self._lock = threading.Lock()
         self.online_served = 0
         self.offline_samples = 0
-        self.latencies: deque[tuple[float, float]] = deque(maxlen=200_000)  # (completed_s, latency_s)
+        # (completed_s, latency_s, wait_s) per served request
+        self.latencies: deque[tuple[float, float, float]] = deque(maxlen=200_000)
 
     def admit_arrivals(self, now_s: float) -> None:
         if self.arrivals is not None:
@@ -210,13 +212,13 @@ class Scheduler:
             self.cost_model(chunk.lane).update(chunk.batch, busy_s)
             if chunk.kind == "online":
                 self.online_served += chunk.batch
-                self.latencies.extend((end_s, end_s - a) for a in chunk.arrivals_s)
+                self.latencies.extend((end_s, end_s - a, chunk.picked_s - a) for a in chunk.arrivals_s)
             else:
                 self.offline_samples += chunk.batch
 
     def latency_percentiles(self, since_s: float = float("-inf")) -> dict[str, float | None]:
         with self._lock:
-            values = [lat for end, lat in self.latencies if end >= since_s]
+            values = [lat for end, lat, _wait in self.latencies if end >= since_s]
         if not values:
             return {"p50_s": None, "p95_s": None, "p99_s": None}
         p50, p95, p99 = np.percentile(values, [50, 95, 99])

@@ -22,6 +22,7 @@ SPOTFILL_REFERENCE_COMPUTE_S, SPOTFILL_WATCH_PID (options given on the command l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -334,6 +335,16 @@ def build_filler(args: argparse.Namespace, device: str):
     return ReportingFiller(filler, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json")
 
 
+def fill_stream_scope(filler, device: str):
+    """With a filler on CUDA, the worker computes on a highest-priority stream, above the
+    inference lanes' lowest-priority ones (tasks.filling.executor)."""
+    if filler is None:
+        return contextlib.nullcontext()
+    from tasks.filling.executor import training_stream_scope
+
+    return training_stream_scope(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -355,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, leave_flag.set_terminated)
         filler = build_filler(args, device)
         try:
-            result = run_worker(config, listener=filler, leave_flag=leave_flag)
+            with fill_stream_scope(filler, device):
+                result = run_worker(config, listener=filler, leave_flag=leave_flag)
         finally:
             if filler is not None:
                 filler.close()
