@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -114,24 +115,46 @@ def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: in
 
 
 def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Revocation times within the window, per sample (rows, sorted, inf-padded) with each one's
-    type, for the samples that have any: type m's revocations are a Poisson process at
-    rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over rate_per_s[m] (the
-    same arrivals for every plan: common random numbers)."""
-    times, kinds = [], []
-    for m in np.flatnonzero(rate_per_s > 0):
-        reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
-        unit, first = _unit_arrivals(samples, seed, int(m), reach)
-        width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
-        if width:
-            times.append(np.where(unit[:, :width] < reach, unit[:, :width] / rate_per_s[m], np.inf))
-            kinds.append(np.full(width, m))
-    if not times:
+    """Revocation times within the window, per sample (rows, sorted, inf-padded to the most any
+    sample has) with each one's type, for the samples that have any: type m's revocations are a
+    Poisson process at rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over
+    rate_per_s[m] (the same arrivals for every plan: common random numbers). The merged arrivals
+    of a rate vector are kept (`_merged`): re-plans assess the same plans over other windows."""
+    times, kinds = _merged(rate_per_s, window_s, samples, seed)
+    inside = times < window_s
+    count = inside.sum(axis=1)
+    some = count > 0
+    width = int(count.max(initial=0))
+    if not width:
         return np.full((0, 1), np.inf), np.zeros((0, 1), dtype=np.int64)
-    times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
-    times_a = times_a[np.isfinite(times_a).any(axis=1)]
-    order = np.argsort(times_a, axis=1)
-    return np.take_along_axis(times_a, order, axis=1), kind_of[order]
+    inside, times, kinds = inside[some, :width], times[some, :width], kinds[some, :width]
+    return np.where(inside, times, np.inf), kinds
+
+
+_MERGED: OrderedDict[tuple, tuple[float, np.ndarray, np.ndarray]] = OrderedDict()
+_MERGED_KEPT = 256
+
+
+def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample's arrivals of all types up to at least window_s, sorted (inf-padded), and
+    their types; remembered per rate vector and grown when a longer window is asked for."""
+    key = (samples, seed, np.asarray(rate_per_s, dtype=float).tobytes())
+    known = _MERGED.get(key)
+    if known is None or known[0] < window_s:
+        times, kinds = [np.full((samples, 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+        for m in np.flatnonzero(rate_per_s > 0):
+            reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
+            unit, first = _unit_arrivals(samples, seed, int(m), reach)
+            width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
+            times.append(unit[:, :width] / rate_per_s[m])
+            kinds.append(np.full(width, m))
+        times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
+        order = np.argsort(times_a, axis=1, kind="stable")
+        known = (window_s, np.take_along_axis(times_a, order, axis=1), kind_of[order])
+        _MERGED[key] = known
+        if len(_MERGED) > _MERGED_KEPT:
+            _MERGED.popitem(last=False)
+    return known[1], known[2]
 
 
 _ARRIVALS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
