@@ -304,3 +304,22 @@ def test_one_class_completion_bounds_hold_for_every_cluster_of_their_size(profil
         on_time = mine & (r["time_s"] <= problem.budget_s)
         if on_time.any():
             assert c_lb <= r["cost_usd"][on_time].min() * (1 + 1e-9)
+
+
+@SETTINGS
+@given(profiles(max_quota=6), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.floats(1.0, 3.0), st.data())
+def test_heuristic_answers_the_same_from_remembered_windows(profile, loss, slack, other, data):
+    """The heuristic's windows are scored once per set of survivors (exact.scored_rows); a
+    re-plan at another deadline and loss finds what a fresh solve finds."""
+    existing = {i.type: data.draw(st.integers(0, min(i.quota, 1))) for i in profile.instances}
+    current = data.draw(st.floats(loss + 0.05, loss + 1.0))
+    deadline = fastest(profile, loss, existing=existing, current_loss=current) * slack
+    first = build_problem(PlanRequest(profile, loss, deadline * other, existing=existing, current_loss=current + 0.3))
+    later = build_problem(PlanRequest(profile, loss, deadline, existing=existing, current_loss=current))
+    exact.forget_scored()
+    fresh, fresh_scored = solve_heuristic(later)
+    exact.forget_scored()
+    solve_heuristic(first)
+    again, again_scored = solve_heuristic(later)
+    assert again_scored == fresh_scored
+    assert (fresh.counts is None and again.counts is None) or list(fresh.counts) == list(again.counts)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -447,24 +447,39 @@ class _Scored:
 
 
 _SCORED: OrderedDict[tuple, _Scored] = OrderedDict()
-_SCORED_KEPT = 64
+_SCORED_KEPT = 128
 _SCORED_LOCK = threading.Lock()
 
 
 def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Every non-empty count vector of a small problem with its scores (problem.evaluate),
-    remembered across problems with the same model and bounds: a re-plan with the same survivors
-    differs only in the remaining progress, which scales every time and cost (Problem.progress_left),
-    so the replay's thousands of re-plans score each set of survivors once."""
+    remembered across problems with the same model and bounds (`scored_rows`)."""
+    def every() -> np.ndarray:
+        counts = compositions(problem, 0, composition_count(problem))
+        return counts[counts.sum(axis=1) > 0]
+
+    return scored_rows(problem, "compositions", every)
+
+
+def forget_scored() -> None:
+    """Drop every remembered scoring (benchmarks time solves from scratch)."""
+    with _SCORED_LOCK:
+        _SCORED.clear()
+
+
+def scored_rows(problem: Problem, kind: str, rows: Callable[[], np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Candidate clusters (`rows()`, named by `kind`) of a problem with their scores, remembered
+    across problems with the same model and bounds: a re-plan with the same survivors differs
+    only in the remaining progress, which scales every time and cost (Problem.progress_left), so
+    the replay's thousands of re-plans score each set of survivors once."""
     model, req = problem.model, problem.request
     progress = problem.progress_left
-    key = (id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower), tuple(problem.upper),
-           req.loss_target if progress is None else None)
+    key = (kind, id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower),
+           tuple(problem.upper), req.loss_target if progress is None else None)
     with _SCORED_LOCK:
         known = _SCORED.get(key)
     if known is None:
-        counts = compositions(problem, 0, composition_count(problem))
-        counts = counts[counts.sum(axis=1) > 0]
+        counts = rows()
         known = _Scored(model.profile, counts, problem.evaluate(counts), progress)
         with _SCORED_LOCK:
             _SCORED[key] = known
