@@ -36,9 +36,7 @@ def size_range(problem: Problem) -> tuple[int, int]:
 def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     """Returns the chosen cluster (or an empty Incumbent) and how many clusters were scored."""
     n_lower, n_upper = size_range(problem)
-    counts, r = scored_rows(problem, "heuristic windows", lambda: windows(problem, n_upper))
-    start = int(np.searchsorted(counts.sum(axis=1), n_lower))  # rows come by size
-    counts, r = counts[start:], {k: v[start:] for k, v in r.items()}
+    counts, r = scored_rows(problem, f"heuristic windows from {n_lower}", lambda: windows(problem, n_lower, n_upper))
     best = Incumbent()
     ok = np.flatnonzero(r["time_s"] <= problem.budget_s * (1 + COST_TIE_REL))  # ties as exact.py
     if len(ok):
@@ -48,8 +46,8 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     return best, len(counts)
 
 
-def windows(problem: Problem, n_upper: int) -> np.ndarray:
-    """The distinct windows of every size up to n_upper (rows, by size): the existing instances
+def windows(problem: Problem, n_lower: int, n_upper: int) -> np.ndarray:
+    """The distinct windows of every size from n_lower to n_upper (rows): the existing instances
     plus adjacent available instances in the order of their iteration time alone."""
     model = problem.model
     alone_s = model.iteration_times_s(np.array(1.0))
@@ -63,7 +61,7 @@ def windows(problem: Problem, n_upper: int) -> np.ndarray:
     onehot[1:][np.arange(len(instances)), instances] = 1
     cum = np.cumsum(onehot, axis=0)  # cum[i] counts each type among the first i instances
     out = [np.zeros((0, m), dtype=np.int64)]
-    for n in range(max(1, int(existing.sum())), n_upper + 1):
+    for n in range(max(n_lower, int(existing.sum())), n_upper + 1):
         width = n - int(existing.sum())
         if width > len(instances):
             break
