@@ -121,14 +121,13 @@ def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: in
     rate_per_s[m] (the same arrivals for every plan: common random numbers). The merged arrivals
     of a rate vector are kept (`_merged`): re-plans assess the same plans over other windows."""
     times, kinds = _merged(rate_per_s, window_s, samples, seed)
-    inside = times < window_s
-    count = inside.sum(axis=1)
-    some = count > 0
-    width = int(count.max(initial=0))
-    if not width:
+    some = times[:, 0] < window_s
+    if not some.any():
         return np.full((0, 1), np.inf), np.zeros((0, 1), dtype=np.int64)
-    inside, times, kinds = inside[some, :width], times[some, :width], kinds[some, :width]
-    return np.where(inside, times, np.inf), kinds
+    times, kinds = times[some], kinds[some]
+    width = int((times < window_s).sum(axis=1).max())
+    times, kinds = times[:, :width], kinds[:, :width]
+    return np.where(times < window_s, times, np.inf), kinds
 
 
 _MERGED: OrderedDict[tuple, tuple[float, np.ndarray, np.ndarray]] = OrderedDict()

@@ -64,14 +64,18 @@ class SearchStats:
 
 
 def pick_best(cost: np.ndarray, time_s: np.ndarray, workers: np.ndarray, objective: Objective,
-              keys: np.ndarray) -> int:
+              counts: np.ndarray, order: np.ndarray) -> int:
     """Index of the best row: lowest objective, ties (relative COST_TIE_REL) broken by the other
-    measure, then by fewer workers, then by the largest tie key (rows of `keys`)."""
+    measure, then by fewer workers, then by the largest tie key (the row of counts in `order`)."""
     first, second = (cost, time_s) if objective == "cost" else (time_s, cost)
     idx = np.flatnonzero(first <= first.min() * (1 + COST_TIE_REL))
-    idx = idx[second[idx] <= second[idx].min() * (1 + COST_TIE_REL)]
-    idx = idx[workers[idx] == workers[idx].min()]
-    return int(max(idx, key=lambda i: tuple(keys[i])))
+    if len(idx) > 1:
+        idx = idx[second[idx] <= second[idx].min() * (1 + COST_TIE_REL)]
+        idx = idx[workers[idx] == workers[idx].min()]
+    if len(idx) == 1:
+        return int(idx[0])
+    keys = counts[idx][:, order]
+    return int(idx[max(range(len(idx)), key=lambda j: tuple(keys[j]))])
 
 
 class BranchAndBound:
@@ -348,8 +352,7 @@ def keep_best(problem: Problem, objective: Objective, deadline_s: float, best: I
     ok = np.flatnonzero(r["time_s"] <= deadline_s * (1 + COST_TIE_REL))
     if not len(ok):
         return best
-    keys = counts[:, problem.name_order]
-    i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], objective, keys[ok])]
+    i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], objective, counts[ok], problem.name_order)]
     cand = (float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
     cur = (best.cost, best.time_s, best.workers)
     if objective == "time":

@@ -40,8 +40,7 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     best = Incumbent()
     ok = np.flatnonzero(r["time_s"] <= problem.budget_s * (1 + COST_TIE_REL))  # ties as exact.py
     if len(ok):
-        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
-                         counts[ok][:, problem.name_order])]
+        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost", counts[ok], problem.name_order)]
         best = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
     return best, len(counts)
 
