@@ -24,7 +24,7 @@ CRASHING_RUN = textwrap.dedent("""
 
 
 def test_cleanup_command_terminates_a_crashed_local_run(tmp_path, capsys):
-    subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=60, check=False)
+    subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=300, check=False)
     assert len(LocalProvider(artifacts_dir=tmp_path).describe("crashed-run")) == 1
     assert main(["cleanup", "--run-id", "crashed-run", "--provider", "local", "--artifacts", str(tmp_path), "--json"]) == 0
     reply = json.loads(capsys.readouterr().out)

@@ -203,10 +203,10 @@ def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):
         config.watch_pid = _dead_pid()
         assert run_worker(config).reason == "terminated"
         ps.config.watch_pid = _dead_pid()
-        thread.join(timeout=10)
+        thread.join(timeout=120)
     finally:
         ps.request_stop("test")
-        thread.join(timeout=10)
+        thread.join(timeout=120)
     assert served["reason"] == "orchestrator_gone"
     assert (ps.version, ps.samples_total) == (3, 12)
 
