@@ -93,24 +93,3 @@ def test_assess_does_not_depend_on_what_was_assessed_before():
     wide = build_problem(PlanRequest(PROFILE, 0.8, 20000.0, solver="risk", hazards_per_h=STORMY))
     assess(wide, counts * 2, fastest_only(wide))
     assert assess(problem, counts, fastest_only(problem)) == fresh
-
-
-@pytest.mark.parametrize("level", [0.5, 0.9, 0.95, 0.99])
-def test_sequential_estimate_decides_as_every_sample_does(level):
-    """With a level, assess stops sampling once the level is clearly met or missed: the decision
-    is the full estimate's, clear plans use fewer samples, and the answer is deterministic."""
-    problem = build_problem(PlanRequest(PROFILE, 0.8, 2100.0, solver="risk", hazards_per_h=STORMY))
-    frontier = fastest_only(problem)
-    plans = [np.array(c) for c in ([2, 0, 5, 4, 0], [2, 2, 2, 2, 2], [1, 0, 4, 3, 0], [4, 0, 6, 4, 0], [0, 0, 8, 0, 2])]
-    used = []
-    for counts in plans:
-        full = assess(problem, counts, frontier)
-        quick = assess(problem, counts, frontier, level=level)
-        assert full.samples == 2000 and quick.samples <= 2000
-        assert (quick.meet_probability >= level) == (full.meet_probability >= level)
-        assert assess(problem, counts, frontier, level=level) == quick
-        if quick.samples == 2000:  # the same samples, summed in blocks
-            assert quick.meet_probability == full.meet_probability
-            assert quick.expected_cost_usd == pytest.approx(full.expected_cost_usd, rel=1e-12)
-        used.append(quick.samples)
-    assert min(used) < 2000

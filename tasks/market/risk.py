@@ -47,7 +47,6 @@ class Risk:
     expected_cost_usd: float
     predicted_cost_usd: float
     predicted_time_s: float
-    samples: int  # the Monte Carlo samples the estimates rest on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +74,8 @@ class Frontier:
 
 
 def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
-           seed: int = SEED, level: float | None = None) -> Risk:
-    """P(meet the budget) and expected cost of one plan under the request's hazards. With a
-    level, the samples are taken in growing blocks (the same rows of the same common random
-    numbers, so the answer is deterministic) and the estimate stops as soon as a Wilson bound
-    puts it clearly above or below the level; only borderline plans use every sample."""
+           seed: int = SEED) -> Risk:
+    """P(meet the budget) and expected cost of one plan under the request's hazards."""
     req, model = problem.request, problem.model
     counts = np.asarray(counts, dtype=np.int64)
     m = len(counts)
@@ -92,88 +88,39 @@ def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: in
     with np.errstate(invalid="ignore", divide="ignore"):
         delay_s = req.recovery_s * (1.0 - t_plan / r["time_s"][1:])
     delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
-    plan = _Plan(t_plan, usd_per_h, delay_s, model.prices_usd_per_h, problem.budget_s, req.recovery_s, frontier)
-    met = used = 0
-    cost_usd = 0.0
-    for stop in _block_ends(samples, adaptive=level is not None):
-        times_a, kinds = _revocations(counts * hazard_per_s, problem.budget_s, samples, seed, used, stop)
-        block_met, block_cost_usd = plan.outcomes(times_a, kinds, stop - used)
-        met, cost_usd, used = met + block_met, cost_usd + block_cost_usd, stop
-        if level is not None and _decided(met, used, level):
-            break
-    return Risk(met / used, cost_usd / used, float(r["cost_usd"][0]), t_plan, used)
+    window_s = problem.budget_s
+    times_a, kinds = _revocations(counts * hazard_per_s, window_s, samples, seed)
+    delays_a, prices_a = delay_s[kinds], model.prices_usd_per_h[kinds]
+    before = np.cumsum(delays_a, axis=1) - delays_a
+    counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
+    finish_s = t_plan + (delays_a * counted).sum(axis=1)
+    replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
+    cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+    # Re-planning from the first revocation that makes the run late.
+    late = counted & (t_plan + before + delays_a > window_s)
+    any_late = late.any(axis=1)
+    switch_s = np.where(any_late, times_a[np.arange(len(times_a)), late.argmax(axis=1)] + req.recovery_s, 0.0)
+    share = (finish_s - switch_s) / t_plan
+    replan = any_late & (share > 0)
+    allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
+    run_s, run_usd = frontier.cheapest_within(allowed_s)
+    finish_s = np.where(replan, switch_s + share * run_s, finish_s)
+    cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
+    # Samples without a revocation in the window finish on time at the plan's predicted cost.
+    quiet = samples - len(times_a)
+    on_time = window_s * (1 + 1e-9)
+    meet = (quiet * (t_plan <= on_time) + np.count_nonzero(finish_s <= on_time)) / samples
+    mean_cost = (quiet * t_plan * usd_per_h / 3600.0 + cost.sum()) / samples
+    return Risk(float(meet), float(mean_cost), float(r["cost_usd"][0]), t_plan)
 
 
-FIRST_BLOCK = 250
-DECISION_Z = 3.29  # two-sided error rate 1e-3 of the stopping bound
-
-
-def _block_ends(samples: int, adaptive: bool) -> list[int]:
-    """Ends of the sample blocks: FIRST_BLOCK, then doubling up to every sample; one block when
-    not adaptive."""
-    ends, end = [], min(FIRST_BLOCK, samples) if adaptive else samples
-    while True:
-        ends.append(end)
-        if end >= samples:
-            return ends
-        end = min(2 * end, samples)
-
-
-def _decided(met: int, n: int, level: float) -> bool:
-    """Whether a Wilson score interval of met / n at DECISION_Z lies wholly above or below level."""
-    p, z2 = met / n, DECISION_Z ** 2
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = DECISION_Z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return centre - half > level or centre + half < level
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What the Monte Carlo needs of one plan: its time, price, per-type revocation delays."""
-
-    t_plan: float
-    usd_per_h: float
-    delay_s: np.ndarray
-    prices_usd_per_h: np.ndarray
-    window_s: float
-    recovery_s: float
-    frontier: Frontier
-
-    def outcomes(self, times_a: np.ndarray, kinds: np.ndarray, samples: int) -> tuple[int, float]:
-        """(samples that meet the deadline, their summed cost) for `samples` samples whose rows
-        with a revocation in the window are times_a / kinds."""
-        t_plan, usd_per_h, window_s = self.t_plan, self.usd_per_h, self.window_s
-        delays_a, prices_a = self.delay_s[kinds], self.prices_usd_per_h[kinds]
-        before = np.cumsum(delays_a, axis=1) - delays_a
-        counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
-        finish_s = t_plan + (delays_a * counted).sum(axis=1)
-        replacement_usd = (counted * prices_a).sum(axis=1) * self.recovery_s / 3600.0
-        cost = finish_s * usd_per_h / 3600.0 + replacement_usd
-        # Re-planning from the first revocation that makes the run late.
-        late = counted & (t_plan + before + delays_a > window_s)
-        any_late = late.any(axis=1)
-        switch_s = np.where(any_late, times_a[np.arange(len(times_a)), late.argmax(axis=1)] + self.recovery_s, 0.0)
-        share = (finish_s - switch_s) / t_plan
-        replan = any_late & (share > 0)
-        allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
-        run_s, run_usd = self.frontier.cheapest_within(allowed_s)
-        finish_s = np.where(replan, switch_s + share * run_s, finish_s)
-        cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
-        # Samples without a revocation in the window finish on time at the plan's predicted cost.
-        quiet = samples - len(times_a)
-        on_time = window_s * (1 + 1e-9)
-        met = quiet * (t_plan <= on_time) + np.count_nonzero(finish_s <= on_time)
-        return int(met), float(quiet * t_plan * usd_per_h / 3600.0 + cost.sum())
-
-
-def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int, first: int,
-                 stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Revocation times within the window, per sample of samples[first:stop] (rows, sorted, inf-padded to the most any
+def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Revocation times within the window, per sample (rows, sorted, inf-padded to the most any
     sample has) with each one's type, for the samples that have any: type m's revocations are a
     Poisson process at rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over
     rate_per_s[m] (the same arrivals for every plan: common random numbers). The merged arrivals
     of a rate vector are kept (`_merged`): re-plans assess the same plans over other windows."""
-    times, kinds = _merged(rate_per_s, window_s, samples, seed, first, stop)
+    times, kinds = _merged(rate_per_s, window_s, samples, seed)
     some = times[:, 0] < window_s
     if not some.any():
         return np.full((0, 1), np.inf), np.zeros((0, 1), dtype=np.int64)
@@ -184,23 +131,21 @@ def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: in
 
 
 _MERGED: OrderedDict[tuple, tuple[float, np.ndarray, np.ndarray]] = OrderedDict()
-_MERGED_KEPT = 1024
+_MERGED_KEPT = 256
 
 
-def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int, first: int,
-            stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """The arrivals of all types up to at least window_s of samples[first:stop], sorted
-    (inf-padded), and their types; remembered per rate vector and block, and grown when a longer
-    window is asked for."""
-    key = (samples, seed, first, stop, np.asarray(rate_per_s, dtype=float).tobytes())
+def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample's arrivals of all types up to at least window_s, sorted (inf-padded), and
+    their types; remembered per rate vector and grown when a longer window is asked for."""
+    key = (samples, seed, np.asarray(rate_per_s, dtype=float).tobytes())
     known = _MERGED.get(key)
     if known is None or known[0] < window_s:
-        times, kinds = [np.full((stop - first, 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+        times, kinds = [np.full((samples, 1), np.inf)], [np.zeros(1, dtype=np.int64)]
         for m in np.flatnonzero(rate_per_s > 0):
             reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
-            unit, earliest = _unit_arrivals(samples, seed, int(m), reach)
-            width = int(np.searchsorted(earliest, reach))  # arrivals any sample has within the window
-            times.append(unit[first:stop, :width] / rate_per_s[m])
+            unit, first = _unit_arrivals(samples, seed, int(m), reach)
+            width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
+            times.append(unit[:, :width] / rate_per_s[m])
             kinds.append(np.full(width, m))
         times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
         order = np.argsort(times_a, axis=1, kind="stable")
@@ -260,7 +205,7 @@ def solve_risk(problem: Problem) -> PlanResult:
             variants.append(capped.counts)
         for counts in variants:
             if counts is not None and tuple(counts) not in seen:
-                seen[tuple(counts)] = assess(problem, counts, frontier, level=level)
+                seen[tuple(counts)] = assess(problem, counts, frontier)
         meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
         if meeting and seen[tuple(optimum)].predicted_cost_usd >= min(meeting):
             break
