@@ -135,17 +135,23 @@ _MERGED_KEPT = 256
 
 
 def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every sample's arrivals of all types up to at least window_s, sorted (inf-padded), and
-    their types; remembered per rate vector and grown when a longer window is asked for."""
+    """The arrivals of all types up to at least window_s, sorted (inf-padded), and their types,
+    of the samples (in order) that have any within window_s (so of every sample that has any
+    within a shorter window); remembered per rate vector and grown when a longer window is
+    asked for. Only those few samples are merged and sorted."""
     key = (samples, seed, np.asarray(rate_per_s, dtype=float).tobytes())
     known = _MERGED.get(key)
     if known is None or known[0] < window_s:
-        times, kinds = [np.full((samples, 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+        units = []
+        some = np.zeros(samples, dtype=bool)
         for m in np.flatnonzero(rate_per_s > 0):
             reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
             unit, first = _unit_arrivals(samples, seed, int(m), reach)
-            width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
-            times.append(unit[:, :width] / rate_per_s[m])
+            units.append((m, unit, int(np.searchsorted(first, reach))))  # arrivals any sample has within the window
+            some |= unit[:, 0] < reach
+        times, kinds = [np.full((int(some.sum()), 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+        for m, unit, width in units:
+            times.append(unit[some, :width] / rate_per_s[m])
             kinds.append(np.full(width, m))
         times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
         order = np.argsort(times_a, axis=1, kind="stable")
