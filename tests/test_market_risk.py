@@ -88,7 +88,12 @@ def test_assess_does_not_depend_on_what_was_assessed_before():
     problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk", hazards_per_h=STORMY))
     counts = np.array([2, 0, 5, 4, 0])
     risk._ARRIVALS.clear()
+    risk._MERGED.clear()
     fresh = assess(problem, counts, fastest_only(problem))
     wide = build_problem(PlanRequest(PROFILE, 0.8, 20000.0, solver="risk", hazards_per_h=STORMY))
     assess(wide, counts * 2, fastest_only(wide))
+    assert assess(problem, counts, fastest_only(problem)) == fresh
+    # The same plan over a longer window first: its remembered arrivals serve the shorter one.
+    risk._MERGED.clear()
+    assess(wide, counts, fastest_only(wide))
     assert assess(problem, counts, fastest_only(problem)) == fresh

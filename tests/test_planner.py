@@ -93,8 +93,12 @@ def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
     brute = solve_brute_force(problem)[0]
     assert result.feasible and brute.counts is not None
     assert same_cost(result.predicted_cost_usd, brute.cost)
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert same_cost(searched.cost, brute.cost)
     every = np.array(list(itertools.product(*(range(lo, hi + 1) for lo, hi in zip(problem.lower, problem.upper)))))
-    assert fastest_time_s(problem) == pytest.approx(float(np.nanmin(problem.evaluate(every)["time_s"])), rel=1e-9)
+    quickest = float(np.nanmin(problem.evaluate(every)["time_s"]))
+    assert fastest_time_s(problem) == pytest.approx(quickest, rel=1e-9)
+    assert exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)[0].time_s == pytest.approx(quickest, rel=1e-9)
 
 
 @SETTINGS
@@ -275,3 +279,47 @@ def test_scored_compositions_rescale_to_a_fresh_scoring():
     assert len(counts) == composition_count(later)
     for name in ("time_s", "cost_usd", "iterations", "workers", "usd_per_h"):
         np.testing.assert_allclose(scored[name], fresh[name], rtol=1e-12)
+
+
+@SETTINGS
+@given(profiles(by=st.sampled_from([None, "workers"])), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
+def test_one_class_completion_bounds_hold_for_every_cluster_of_their_size(profile, loss, slack, data):
+    """bounds.VertexBound at the root: no cluster of a size is quicker than its time bound, and
+    none meeting the deadline is cheaper than its cost bound (the bound weighs iterations and
+    price together, so it must hold cluster by cluster, not just for the optimum)."""
+    existing = {i.type: data.draw(st.integers(0, min(i.quota, 1))) for i in profile.instances}
+    current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))
+    deadline = fastest(profile, loss, existing=existing, current_loss=current) * slack
+    problem = build_problem(PlanRequest(profile, loss, deadline, existing=existing, current_loss=current))
+    every = np.array(list(itertools.product(*(range(lo, hi + 1) for lo, hi in zip(problem.lower, problem.upper)))))
+    every = every[every.sum(axis=1) > 0]
+    r = problem.evaluate(every)
+    sizes = np.unique(every.sum(axis=1))
+    bnb = exact.BranchAndBound(problem, "cost", problem.budget_s, exact.Incumbent())
+    zero = np.zeros(len(sizes))
+    time_lb, cost_lb = bnb.vertex_bound(sizes).bounds(0, sizes, zero, zero, zero, problem.budget_s)
+    for n, t_lb, c_lb in zip(sizes, time_lb, cost_lb):
+        mine = every.sum(axis=1) == n
+        assert t_lb <= r["time_s"][mine].min() * (1 + 1e-9)
+        on_time = mine & (r["time_s"] <= problem.budget_s)
+        if on_time.any():
+            assert c_lb <= r["cost_usd"][on_time].min() * (1 + 1e-9)
+
+
+@SETTINGS
+@given(profiles(max_quota=6), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.floats(1.0, 3.0), st.data())
+def test_heuristic_answers_the_same_from_remembered_windows(profile, loss, slack, other, data):
+    """The heuristic's windows are scored once per set of survivors (exact.scored_rows); a
+    re-plan at another deadline and loss finds what a fresh solve finds."""
+    existing = {i.type: data.draw(st.integers(0, min(i.quota, 1))) for i in profile.instances}
+    current = data.draw(st.floats(loss + 0.05, loss + 1.0))
+    deadline = fastest(profile, loss, existing=existing, current_loss=current) * slack
+    first = build_problem(PlanRequest(profile, loss, deadline * other, existing=existing, current_loss=current + 0.3))
+    later = build_problem(PlanRequest(profile, loss, deadline, existing=existing, current_loss=current))
+    exact.forget_scored()
+    fresh, fresh_scored = solve_heuristic(later)
+    exact.forget_scored()
+    solve_heuristic(first)
+    again, again_scored = solve_heuristic(later)
+    assert again_scored == fresh_scored
+    assert (fresh.counts is None and again.counts is None) or list(fresh.counts) == list(again.counts)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -114,24 +115,51 @@ def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: in
 
 
 def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Revocation times within the window, per sample (rows, sorted, inf-padded) with each one's
-    type, for the samples that have any: type m's revocations are a Poisson process at
-    rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over rate_per_s[m] (the
-    same arrivals for every plan: common random numbers)."""
-    times, kinds = [], []
-    for m in np.flatnonzero(rate_per_s > 0):
-        reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
-        unit, first = _unit_arrivals(samples, seed, int(m), reach)
-        width = int(np.searchsorted(first, reach))  # arrivals any sample has within the window
-        if width:
-            times.append(np.where(unit[:, :width] < reach, unit[:, :width] / rate_per_s[m], np.inf))
-            kinds.append(np.full(width, m))
-    if not times:
+    """Revocation times within the window, per sample (rows, sorted, inf-padded to the most any
+    sample has) with each one's type, for the samples that have any: type m's revocations are a
+    Poisson process at rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over
+    rate_per_s[m] (the same arrivals for every plan: common random numbers). The merged arrivals
+    of a rate vector are kept (`_merged`): re-plans assess the same plans over other windows."""
+    times, kinds = _merged(rate_per_s, window_s, samples, seed)
+    some = times[:, 0] < window_s
+    if not some.any():
         return np.full((0, 1), np.inf), np.zeros((0, 1), dtype=np.int64)
-    times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
-    times_a = times_a[np.isfinite(times_a).any(axis=1)]
-    order = np.argsort(times_a, axis=1)
-    return np.take_along_axis(times_a, order, axis=1), kind_of[order]
+    times, kinds = times[some], kinds[some]
+    width = int((times < window_s).sum(axis=1).max())
+    times, kinds = times[:, :width], kinds[:, :width]
+    return np.where(times < window_s, times, np.inf), kinds
+
+
+_MERGED: OrderedDict[tuple, tuple[float, np.ndarray, np.ndarray]] = OrderedDict()
+_MERGED_KEPT = 256
+
+
+def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The arrivals of all types up to at least window_s, sorted (inf-padded), and their types,
+    of the samples (in order) that have any within window_s (so of every sample that has any
+    within a shorter window); remembered per rate vector and grown when a longer window is
+    asked for. Only those few samples are merged and sorted."""
+    key = (samples, seed, np.asarray(rate_per_s, dtype=float).tobytes())
+    known = _MERGED.get(key)
+    if known is None or known[0] < window_s:
+        units = []
+        some = np.zeros(samples, dtype=bool)
+        for m in np.flatnonzero(rate_per_s > 0):
+            reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
+            unit, first = _unit_arrivals(samples, seed, int(m), reach)
+            units.append((m, unit, int(np.searchsorted(first, reach))))  # arrivals any sample has within the window
+            some |= unit[:, 0] < reach
+        times, kinds = [np.full((int(some.sum()), 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+        for m, unit, width in units:
+            times.append(unit[some, :width] / rate_per_s[m])
+            kinds.append(np.full(width, m))
+        times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
+        order = np.argsort(times_a, axis=1, kind="stable")
+        known = (window_s, np.take_along_axis(times_a, order, axis=1), kind_of[order])
+        _MERGED[key] = known
+        if len(_MERGED) > _MERGED_KEPT:
+            _MERGED.popitem(last=False)
+    return known[1], known[2]
 
 
 _ARRIVALS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}

@@ -152,3 +152,60 @@ class IterationBound:
         batch = batch_hi if self.gamma2 < 0 else batch_lo
         numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
         return np.maximum(numerator * self.scale - self.offset, 0.0)
+
+
+class VertexBound:
+    """Bounds on the best completion of a prefix from its one-class completions.
+
+    With the rates fixed by n (contention by workers), j >= the affine iteration bound at the WA
+    batch, whose rate-weighted form is A / X with A = sum c_m r_m e_m (e_m: IterationBound.affine
+    at type m's batch). So time = j / X >= A+ / X^2 and 3600 cost = j P / X >= A+ P / X^2 (A+ =
+    max(A, 0)). Relax the free counts of a suffix to any non-negative reals adding up to the
+    free instances left (quotas dropped, each free instance priced at its class's cheapest offer
+    with room): A, P and X are affine in the counts, (A+ / X, P / X) and (A+ / X, 1 / X) are
+    linear-fractional images of them, and x+ y is quasiconcave for y > 0, so both minima over
+    that simplex lie at a vertex: every free instance in one class. The deadline D enters by
+    Lagrange: for any mu >= 0 a completion within it has 3600 cost >= A+ (P + mu) / X^2 - mu D,
+    minimised at a vertex the same way; mu is taken from the cheapest vertex and its best partner
+    that meets D (the LP's optimum when their edge is on the hull, a valid bound otherwise)."""
+
+    def __init__(self, rate: np.ndarray, j_each: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                 forced_usd_per_h: np.ndarray, free_usd_per_h: np.ndarray):
+        """Per class (columns; rate and j_each may have one row per prefix row instead)."""
+        self.ae, self.rate, self.free_price = rate * j_each, rate, free_usd_per_h
+        self.free = np.flatnonzero(upper > lower)
+        # What the suffix's existing instances add, for each level k (and k = m: nothing).
+        self.forced = [np.concatenate([np.flip(np.cumsum(np.flip(v, -1), axis=-1), -1), np.zeros(v.shape[:-1] + (1,))],
+                                      axis=-1) for v in (lower * rate * j_each, lower * rate, forced_usd_per_h)]
+        self.lo_suffix = np.concatenate([np.cumsum(lower[::-1])[::-1], [0]])
+
+    def vertices(self, k: int, rem, a_f, x_f, p_f) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A+, X and P of each row's one-class completions (rows x classes from k on)."""
+        s = self.free[self.free >= k]
+        ae, rate, price = (v[..., s] if len(s) else np.zeros(v.shape[:-1] + (1,))
+                           for v in (self.ae, self.rate, self.free_price))
+        free = (np.asarray(rem) - self.lo_suffix[k])[:, None].astype(float)
+        a = (a_f + self.forced[0][..., k])[:, None] + free * ae
+        x = (x_f + self.forced[1][..., k])[:, None] + free * rate
+        p = (p_f + self.forced[2][..., k])[:, None] + free * price
+        return np.maximum(a, 0.0), x, p
+
+    def bounds(self, k: int, rem, a_f, x_f, p_f, deadline_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Lower bounds on the time and on the cost within deadline_s of every completion of each row."""
+        return vertex_bounds(*self.vertices(k, rem, a_f, x_f, p_f), deadline_s)
+
+
+def vertex_bounds(a: np.ndarray, x: np.ndarray, p: np.ndarray, deadline_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """VertexBound's time and cost bounds from the A+, X and P of each row's vertices (columns)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(x > 0, a / x**2, np.inf)
+        c = np.where(x > 0, a * p / x**2, np.inf)
+        rows = np.arange(len(t))
+        cheapest = c.argmin(axis=1)
+        t_c, c_c = t[rows, cheapest], c[rows, cheapest]
+        # mu: the slope of the lowest edge at D from the cheapest vertex to one meeting D.
+        slope = np.where((t <= deadline_s) & (t_c[:, None] > deadline_s), (c - c_c[:, None]) / (t_c[:, None] - t), np.inf)
+        mu = slope.min(axis=1)
+        mu = np.where(np.isfinite(mu), mu, 0.0)
+        dual = np.where(x > 0, a * (p + mu[:, None]) / x**2, np.inf).min(axis=1) - mu * deadline_s
+    return t.min(axis=1), np.maximum(dual, 0.0) / 3600.0

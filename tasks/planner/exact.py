@@ -14,22 +14,26 @@ Two things make the bounds bite early:
   with the same GPUs and batch) are twins that differ only in price. Swapping an instance to a
   cheaper twin changes nothing but the cost, so a twin is only used beyond its existing count
   once every cheaper twin is full; twins then cost no more branching than one type.
-- A seeded incumbent: before any search, the greedy clusters of every size (filled fastest
-  first, best price per rate first, and one type at a time) are scored in one vectorised pass,
-  besides any incumbent the caller passes.
+- A seeded incumbent: before any search, the greedy clusters of the sizes with the lowest bounds
+  (filled fastest first, best price per rate first, and one type at a time) are scored in one
+  vectorised pass, besides any incumbent the caller passes.
+- The one-class completion bound (bounds.VertexBound): with the rates fixed by the size, the
+  cheapest (or quickest) completion of a prefix, relaxed to real counts, puts every free instance
+  in one class, so a bound that weighs iterations and price together costs one pass over the
+  classes; it also bounds each size before any search.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from tasks.planner.bounds import (IterationBound, MultiplierTest, SuffixFills, rate_ceilings, rates_fixed_by_size,
-                                  size_bounds)
+from tasks.planner.bounds import (IterationBound, MultiplierTest, SuffixFills, VertexBound, rate_ceilings,
+                                  rates_fixed_by_size, size_bounds)
 from tasks.planner.problem import COST_TIE_REL, Problem, better
 
 Objective = Literal["cost", "time"]
@@ -38,6 +42,7 @@ _ENUMERATE_ROWS = 1 << 14
 _ENUMERATE_CHUNK_ROWS = 1 << 18
 _MULTIPLIER_MIN_ROWS = 32  # levels with fewer live prefixes skip the multiplier tests
 _GRID = 32  # multipliers per size at which MultiplierTest takes its fills
+_SEED_SIZES = 64  # the sizes with the lowest bounds are seeded
 
 
 @dataclass
@@ -59,14 +64,18 @@ class SearchStats:
 
 
 def pick_best(cost: np.ndarray, time_s: np.ndarray, workers: np.ndarray, objective: Objective,
-              keys: np.ndarray) -> int:
+              counts: np.ndarray, order: np.ndarray) -> int:
     """Index of the best row: lowest objective, ties (relative COST_TIE_REL) broken by the other
-    measure, then by fewer workers, then by the largest tie key (rows of `keys`)."""
+    measure, then by fewer workers, then by the largest tie key (the row of counts in `order`)."""
     first, second = (cost, time_s) if objective == "cost" else (time_s, cost)
     idx = np.flatnonzero(first <= first.min() * (1 + COST_TIE_REL))
-    idx = idx[second[idx] <= second[idx].min() * (1 + COST_TIE_REL)]
-    idx = idx[workers[idx] == workers[idx].min()]
-    return int(max(idx, key=lambda i: tuple(keys[i])))
+    if len(idx) > 1:
+        idx = idx[second[idx] <= second[idx].min() * (1 + COST_TIE_REL)]
+        idx = idx[workers[idx] == workers[idx].min()]
+    if len(idx) == 1:
+        return int(idx[0])
+    keys = counts[idx][:, order]
+    return int(idx[max(range(len(idx)), key=lambda j: tuple(keys[j]))])
 
 
 class BranchAndBound:
@@ -106,6 +115,7 @@ class BranchAndBound:
             self.class_price[c, counts] = (self.item_lower[mine] * p).sum() + fill
         # Contention by load: the rates are ceilings, so a fixed part's mean batch is unknown.
         self.exact_rates = rates_fixed_by_size(problem)
+        self.free_price = np.minimum.reduceat(np.where(self.item_extra > 0, self.item_price, np.inf), self.first)
         self.price_fills = SuffixFills(self.item_price, self.item_lower, self.item_extra, "min", self.owner)
         self.lo_suffix = np.concatenate([np.cumsum(self.lower[::-1])[::-1], [0]])
         self.hi_suffix = np.concatenate([np.cumsum(self.upper[::-1])[::-1], [0]])
@@ -121,17 +131,22 @@ class BranchAndBound:
         j_lo, x_max, ratio_min = size_bounds(self.problem, sizes)
         time_lo, cost_lo = j_lo / x_max, j_lo * ratio_min / 3600.0
         key_lo = cost_lo if self.objective == "cost" else time_lo
-        reachable = time_lo <= self.deadline_s * (1 + COST_TIE_REL)
-        self.seed(sizes[reachable])
-        for i in np.argsort(key_lo, kind="stable"):
-            if not reachable[i]:
-                continue
+        if self.exact_rates:  # one-class completions of each size (bounds.VertexBound)
+            vertex = self.vertex_bound(sizes)
+            zero = np.zeros(len(sizes))
+            t_root, c_root = vertex.bounds(0, sizes, zero, zero, zero, self.deadline_s * (1 + COST_TIE_REL))
+            time_lo = np.maximum(time_lo, t_root)
+            key_lo = np.maximum(key_lo, c_root if self.objective == "cost" else t_root)
+        order = np.argsort(key_lo, kind="stable")
+        order = order[time_lo[order] <= self.deadline_s * (1 + COST_TIE_REL)]
+        self.seed(sizes[order[:_SEED_SIZES]])
+        for i in order:
             if key_lo[i] > self.best.key(self.objective) * (1 + COST_TIE_REL):
                 break  # sizes are visited in bound order: none after this can win
             self.search_size(int(sizes[i]))
 
     def seed(self, sizes: np.ndarray) -> None:
-        """Score the greedy clusters of every size: a good incumbent before the search starts."""
+        """Score the greedy clusters of some sizes: a good incumbent before the search starts."""
         if not len(sizes):
             return
         rate = self.size_rates(int(np.median(sizes)))
@@ -171,6 +186,15 @@ class BranchAndBound:
             if self.best is before:
                 return
 
+    def vertex_bound(self, sizes: np.ndarray) -> VertexBound:
+        """The one-class completion bound of clusters of each size (row i: size i)."""
+        req = self.problem.request
+        rate = rate_ceilings(self.problem, sizes)[:, self.order][:, self.first]
+        j_each = IterationBound(req.profile, sizes[:, None].astype(float), req.loss_target,
+                                req.current_loss).affine(self.batch)
+        return VertexBound(rate, j_each, self.lower, self.upper, self.class_price[np.arange(self.m), self.lower],
+                           self.free_price)
+
     def size_rates(self, n: int) -> np.ndarray:
         """Iteration rate of one instance of each class in a cluster of n (with contention by load,
         a ceiling on it: bounds.rate_ceilings)."""
@@ -192,6 +216,7 @@ class BranchAndBound:
             x_max=x_max, x_min=SuffixFills(item_rate, lower, extra, "min", owner), p_min=self.price_fills,
             ratio_min=np.minimum.accumulate(np.minimum.reduceat(ratio, self.first)[::-1])[::-1],
             price_test=None, time_test=None,
+            vertex=self.vertex_bound(np.array([n])) if self.exact_rates else None,
         )
         x_root = float(x_max.at(0, np.array([n]))[0])
         t_bound = min(self.deadline_s, self.best.time_s if self.objective == "time" else np.inf) * (1 + COST_TIE_REL)
@@ -284,6 +309,11 @@ class BranchAndBound:
             else:
                 pruned |= j_lo * ratio_lb / 3600.0 > bound
             live = np.flatnonzero(~pruned)
+            if lv.vertex is not None and len(live):
+                args = (k, rem[live], l_f[live], x_f[live], p_f[live])
+                t_lb, c_lb = lv.vertex.bounds(*args, deadline)
+                pruned[live] = (t_lb > deadline) | ((t_lb if self.objective == "time" else c_lb) > bound)
+                live = np.flatnonzero(~pruned)
             if len(live) < _MULTIPLIER_MIN_ROWS:  # a few prefixes: cheaper to expand than to test
                 return ~pruned
             if lv.price_test is not None:
@@ -322,8 +352,7 @@ def keep_best(problem: Problem, objective: Objective, deadline_s: float, best: I
     ok = np.flatnonzero(r["time_s"] <= deadline_s * (1 + COST_TIE_REL))
     if not len(ok):
         return best
-    keys = counts[:, problem.name_order]
-    i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], objective, keys[ok])]
+    i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], objective, counts[ok], problem.name_order)]
     cand = (float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
     cur = (best.cost, best.time_s, best.workers)
     if objective == "time":
@@ -347,6 +376,7 @@ class _SizeLevels:
     ratio_min: np.ndarray
     price_test: MultiplierTest | None  # cost within the incumbent's
     time_test: MultiplierTest | None  # time within the deadline (and the incumbent's, for time)
+    vertex: VertexBound | None  # one-class completions (rates fixed by the size only)
 
 
 def _geometric(lo: float, hi: float) -> np.ndarray:
@@ -420,24 +450,39 @@ class _Scored:
 
 
 _SCORED: OrderedDict[tuple, _Scored] = OrderedDict()
-_SCORED_KEPT = 64
+_SCORED_KEPT = 128
 _SCORED_LOCK = threading.Lock()
 
 
 def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Every non-empty count vector of a small problem with its scores (problem.evaluate),
-    remembered across problems with the same model and bounds: a re-plan with the same survivors
-    differs only in the remaining progress, which scales every time and cost (Problem.progress_left),
-    so the replay's thousands of re-plans score each set of survivors once."""
+    remembered across problems with the same model and bounds (`scored_rows`)."""
+    def every() -> np.ndarray:
+        counts = compositions(problem, 0, composition_count(problem))
+        return counts[counts.sum(axis=1) > 0]
+
+    return scored_rows(problem, "compositions", every)
+
+
+def forget_scored() -> None:
+    """Drop every remembered scoring (benchmarks time solves from scratch)."""
+    with _SCORED_LOCK:
+        _SCORED.clear()
+
+
+def scored_rows(problem: Problem, kind: str, rows: Callable[[], np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Candidate clusters (`rows()`, named by `kind`) of a problem with their scores, remembered
+    across problems with the same model and bounds: a re-plan with the same survivors differs
+    only in the remaining progress, which scales every time and cost (Problem.progress_left), so
+    the replay's thousands of re-plans score each set of survivors once."""
     model, req = problem.model, problem.request
     progress = problem.progress_left
-    key = (id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower), tuple(problem.upper),
-           req.loss_target if progress is None else None)
+    key = (kind, id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower),
+           tuple(problem.upper), req.loss_target if progress is None else None)
     with _SCORED_LOCK:
         known = _SCORED.get(key)
     if known is None:
-        counts = compositions(problem, 0, composition_count(problem))
-        counts = counts[counts.sum(axis=1) > 0]
+        counts = rows()
         known = _Scored(model.profile, counts, problem.evaluate(counts), progress)
         with _SCORED_LOCK:
             _SCORED[key] = known

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from tasks.planner.bounds import size_bounds
-from tasks.planner.exact import Incumbent, pick_best
+from tasks.planner.exact import Incumbent, pick_best, scored_rows
 from tasks.planner.problem import COST_TIE_REL, Problem
 
 
@@ -35,6 +35,19 @@ def size_range(problem: Problem) -> tuple[int, int]:
 
 def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     """Returns the chosen cluster (or an empty Incumbent) and how many clusters were scored."""
+    n_lower, n_upper = size_range(problem)
+    counts, r = scored_rows(problem, f"heuristic windows from {n_lower}", lambda: windows(problem, n_lower, n_upper))
+    best = Incumbent()
+    ok = np.flatnonzero(r["time_s"] <= problem.budget_s * (1 + COST_TIE_REL))  # ties as exact.py
+    if len(ok):
+        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost", counts[ok], problem.name_order)]
+        best = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
+    return best, len(counts)
+
+
+def windows(problem: Problem, n_lower: int, n_upper: int) -> np.ndarray:
+    """The distinct windows of every size from n_lower to n_upper (rows): the existing instances
+    plus adjacent available instances in the order of their iteration time alone."""
     model = problem.model
     alone_s = model.iteration_times_s(np.array(1.0))
     name_rank = np.argsort(problem.name_order)  # ties in speed are listed by name, not profile order
@@ -42,30 +55,18 @@ def solve_heuristic(problem: Problem) -> tuple[Incumbent, int]:
     free = problem.upper - problem.lower
     instances = np.repeat(order, free[order])  # type index of each available instance, fastest first
     existing = problem.lower
-    n_lower, n_upper = size_range(problem)
     m = len(existing)
     onehot = np.zeros((len(instances) + 1, m), dtype=np.int64)
     onehot[1:][np.arange(len(instances)), instances] = 1
     cum = np.cumsum(onehot, axis=0)  # cum[i] counts each type among the first i instances
-    windows = []
-    for n in range(n_lower, n_upper + 1):
+    out = [np.zeros((0, m), dtype=np.int64)]
+    for n in range(max(n_lower, int(existing.sum())), n_upper + 1):
         width = n - int(existing.sum())
-        if width < 0 or width > len(instances):
-            continue
+        if width > len(instances):
+            break
         if width == 0:
-            windows.append(existing[None, :].copy())
+            out.append(existing[None, :].copy())
             continue
         starts = np.arange(len(instances) - width + 1)
-        counts = cum[starts + width] - cum[starts] + existing
-        windows.append(np.unique(counts, axis=0))
-    best = Incumbent()
-    if not windows:
-        return best, 0
-    counts = np.concatenate(windows)
-    r = problem.evaluate(counts)
-    ok = np.flatnonzero(r["time_s"] <= problem.budget_s * (1 + COST_TIE_REL))  # ties as exact.py
-    if len(ok):
-        i = ok[pick_best(r["cost_usd"][ok], r["time_s"][ok], r["workers"][ok], "cost",
-                         counts[ok][:, problem.name_order])]
-        best = Incumbent(counts[i].copy(), float(r["cost_usd"][i]), float(r["time_s"][i]), float(r["workers"][i]))
-    return best, len(counts)
+        out.append(np.unique(cum[starts + width] - cum[starts] + existing, axis=0))
+    return np.concatenate(out)
