@@ -171,10 +171,6 @@ def _percentiles(values: list[float]) -> dict:
     return {"online_p50_s": float(p50), "online_p95_s": float(p95), "online_p99_s": float(p99)}
 
 
-def _p95(values: list[float]) -> float | None:
-    return float(np.percentile(values, 95)) if values else None
-
-
 def _round_ratios(alone: dict, run: dict) -> dict:
     a, r = np.array(alone["step_times_s"]), np.array(run["step_times_s"])
     return {"training_retained": float(a.mean() / r.mean()),
@@ -198,7 +194,7 @@ def _pooled(blocks: list[dict]) -> dict:
         "online_shed": total["online_shed_overflow"] + total["online_shed_expired"],
         **_percentiles([lat for b in blocks for lat in b["latencies_s"]]),
         # the part of the p95 spent queued (for a bubble, or behind another chunk), not running
-        "online_wait_p95_s": _p95([w for b in blocks for w in b["waits_s"]]),
+        "online_wait_p95_s": _percentiles([w for b in blocks for w in b["waits_s"]])["online_p95_s"],
     }
 
 

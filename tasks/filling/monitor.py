@@ -60,8 +60,8 @@ class BubbleMonitor:
         self.bubble_total_s = 0.0
         self.bubble_count = 0
         self.compute_times_s: deque[float] = deque(maxlen=4096)  # recent compute phases
-        self.compute_estimate_s: float | None = None  # median of the last `window` of them
-        self._window = window
+        self._recent_compute_s: deque[float] = deque(maxlen=window)  # what compute_estimate_s is of
+        self.compute_estimate_s: float | None = None  # median of the last `window` compute phases
         self._awaiting_comm = False  # compute ended, its bubble not yet opened
         self._compute_listeners: list[Callable[[float], None]] = []
 
@@ -89,8 +89,8 @@ class BubbleMonitor:
             self._compute_since = None
             self._awaiting_comm = True
             self.compute_times_s.append(compute_s)
-            recent = list(self.compute_times_s)[-self._window:]
-            self.compute_estimate_s = float(np.median(recent))
+            self._recent_compute_s.append(compute_s)
+            self.compute_estimate_s = float(np.median(self._recent_compute_s))
         for callback in self._compute_listeners:
             callback(compute_s)
 
