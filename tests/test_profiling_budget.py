@@ -2,7 +2,7 @@
 against what profiling saw (tasks/profiling/clusters.py)."""
 import pytest
 
-from tasks.profiling.clusters import band_reached, check_target_profiled, lowest_reachable_target
+from tasks.profiling.clusters import band_reached, check_target_profiled, laggard, lowest_reachable_target
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError
 
 
@@ -17,6 +17,17 @@ def test_band_reached_once_every_cluster_has_come_down():
     assert not band_reached([fast, slow[:20]])  # the slow cluster is still near its start
     assert not band_reached([fast, [(1, 10.0), (2, 10.0)] * 50])  # one that never learns
     assert not band_reached([fast, []])
+
+
+def test_a_wave_stopped_early_is_the_laggard_a_later_wave_leaves_behind():
+    """A first wave judged alone stops as soon as its loss moved at all; a later wave that falls far
+    leaves it above every band they could share: that one, and only that one, is trained again."""
+    stopped_early = _curve(10.0, 1.0, 400)[:3]
+    later = _curve(10.0, 1.0, 400, speed=2.0)
+    assert band_reached([stopped_early])  # alone, any fall makes a band
+    assert not band_reached([stopped_early, later])
+    assert laggard([stopped_early, later]) == 0 and laggard([later, stopped_early]) == 1
+    assert band_reached([_curve(10.0, 1.0, 400)[:200], later])  # trained again further: a band they share
 
 
 def _cluster(losses) -> ClusterMeasurement:

@@ -8,7 +8,10 @@ average with the PS's factor), so the fitted curve describes the number the PS s
 How long the clusters train adapts to the model: each trains at least `duration_s`, then on until
 every cluster profiled so far has crossed a common loss band (`band_reached`, the band the
 loss-curve fit reads), within a time budget for the whole stage (`budget_s`, shared evenly by the
-waves). A model that has not crossed it by then is a ProfilingError saying to raise the budget.
+waves). A wave judged alone cannot know how far later waves will go: when a later cluster's fall
+leaves an earlier (stopped) one above every band they could share, that cluster is trained again
+from the start, alone, until they share one (`laggard`). A model that has not crossed a common band
+when the budget ends is a ProfilingError saying to raise the budget.
 """
 from __future__ import annotations
 
@@ -46,6 +49,19 @@ def band_reached(curves: list[list[tuple[int, float]]]) -> bool:
     first = statistics.median(c[0][1] for c in curves)
     lowest = min(loss for c in curves for _, loss in c)
     return top - bottom >= BAND_MIN_SHARE * (first - lowest)
+
+
+def laggard(curves: list[list[tuple[int, float]]]) -> int:
+    """Index of the curve whose lowest loss is highest: the one a common band waits for (the band
+    ends above it, and only falls as the others train on)."""
+    return max(range(len(curves)), key=lambda i: min(loss for _, loss in curves[i]))
+
+
+def no_band_error(curves: list[list[tuple[int, float]]], budget_s: float) -> ProfilingError:
+    lows = ", ".join(f"{min(l for _, l in c):.4g}" for c in curves if c)
+    return ProfilingError(f"the profiled clusters did not cross a common loss band within the profiling budget of "
+                          f"{budget_s:g} s (lowest smoothed loss of each: {lows}); raise --profile-budget-s, or lower "
+                          "the learning rate if a loss does not fall")
 
 
 def lowest_reachable_target(clusters: list[ClusterMeasurement]) -> float:
@@ -137,6 +153,17 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                                     deadline_s=started_s + budget_s * k / len(waves), budget_s=budget_s,
                                     earlier=[smoothed_losses(update_records(r), factor) for r in runs],
                                     async_rule=async_rule)
+    stage_end_s = started_s + budget_s
+    again = 0
+    while not band_reached(curves := [smoothed_losses(update_records(r), factor) for r in runs]):
+        if time.monotonic() > stage_end_s:
+            raise no_band_error(curves, budget_s)
+        k, again = laggard(curves), again + 1
+        runs[k] = _train_side_by_side(provider, f"{run_id}-again{again}", workload, by_type, [(k, clusters[k])],
+                                      duration_s=duration_s, workload_options=workload_options,
+                                      ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type, deadline_s=stage_end_s,
+                                      budget_s=budget_s, earlier=curves[:k] + curves[k + 1:],
+                                      async_rule=async_rule)[0]
     wall_s = time.monotonic() - started_s
     results = []
     for cluster, run in zip(clusters, runs):
@@ -162,7 +189,8 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                         ps_megabits_per_s: float | None, ps_type: str | None, deadline_s: float,
                         budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None) -> list:
     """Start the clusters at once, wait until each trained `duration_s` and all of them with the
-    `earlier` waves' curves cross a common loss band (by `deadline_s`), stop them all (always)."""
+    `earlier` waves' curves cross a common loss band (by `deadline_s`), or until an earlier curve
+    is the laggard (training these on only lowers the band further below it), stop them all (always)."""
     from tasks.runtime.driver import start_run, stop_run
 
     runs = []
@@ -196,13 +224,10 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                        f"(raise --profile-budget-s)")
         while True:
             curves = earlier + [smoothed_losses(update_records(run), factor) for run in ordered]
-            if band_reached(curves):
+            if band_reached(curves) or laggard(curves) < len(earlier):
                 break
             if time.monotonic() > deadline_s:
-                lows = ", ".join(f"{min(l for _, l in c):.4g}" for c in curves if c)
-                raise ProfilingError(f"the profiled clusters did not cross a common loss band within the profiling "
-                                     f"budget of {budget_s:g} s (lowest smoothed loss of each: {lows}); raise "
-                                     "--profile-budget-s, or lower the learning rate if a loss does not fall")
+                raise no_band_error(curves, budget_s)
             for run in ordered:
                 check_not_diverged(update_records(run), f"profiling cluster run {run.run_id}")
             time.sleep(1.0)
