@@ -215,3 +215,27 @@ def test_run_takes_the_demo_market_only_where_the_run_is_the_demo(argv, quotas, 
     args = build_parser().parse_args(["run", *argv])
     got = market_defaults(args, [t for t in args.types.split(",") if t])
     assert got == {"quotas": quotas, "min_workers": floor, "trace_type": trace_type}
+
+
+@pytest.mark.parametrize("kappa, gamma4", [(None, None), (0.75, None), (0.3, 0.5), (None, 0.5)])
+def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
+    """The curve a run is watched against (drift, the report's predicted line) needs the updates
+    the planner predicted, whatever the profile's n-shape."""
+    from types import SimpleNamespace
+
+    from tasks.model import Model
+    from tasks.pipeline.session import TrainingSession
+    from tasks.profile import profile_from_dict
+
+    data = load_profile(SHIPPED_PROFILE).model_dump()
+    data["loss"] |= {"kappa": kappa, "gamma4": gamma4}
+    profile = profile_from_dict(data)
+    request = TrainRequest.model_validate({"slo": {"target_loss": 0.8, "deadline_s": 3000},
+                                           "candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, SimpleNamespace(list_types=lambda: []), "run", tmp_path)
+    plan = {"p3.2xlarge": 2, "g3.8xlarge": 3}
+    curve, texp_s = session.loss_curve(plan)
+    model = Model.from_profile(profile)
+    r = model.evaluate(model.counts_vector(plan), 0.8)
+    assert curve.updates_to(0.8) == pytest.approx(float(r["iterations"][0]), rel=1e-12)
+    assert texp_s == pytest.approx(float(r["iteration_time_s"][0]), rel=1e-12)

@@ -64,6 +64,10 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
         ax_cost.plot([start_s, start_s + first.predicted_time_s], [0, first.predicted_cost_usd], "--",
                      color="tab:orange", label="predicted spend, plan launched")
     ax_loss.axhline(slo.target_loss, color="tab:green", lw=1, label=f"target loss {slo.target_loss:g}")
+    if obs:  # Eq. 3 grows without bound as j -> 0: show the losses the run went through
+        seen = [o.loss for o in obs] + [slo.target_loss]
+        pad = 0.05 * (max(seen) - min(seen) or 1.0)
+        ax_loss.set_ylim(min(seen) - pad, max(seen) + pad)
     for ax in (ax_loss, ax_cost):
         ax.axvline(slo.deadline_s, color="tab:red", lw=1, label="deadline")
         for entry in session.timeline:

@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from tasks.errors import UserInputError
-from tasks.model import Model
+from tasks.model import Model, cluster_spread
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
@@ -250,8 +248,7 @@ class TrainingSession:
         model = Model.from_profile(self.profile)
         r = model.evaluate(model.counts_vector(plan), self.request.slo.target_loss)
         g = self.profile.loss
-        n = float(r["workers"][0])
-        spread = np.sqrt(n) if g.gamma4 is None else np.sqrt((float(r["cc"][0]) + g.gamma4) * n)
+        spread = float(cluster_spread(r["cc"][0], r["workers"][0], g.gamma4, g.kappa))  # Eq. 3, as the planner's
         a = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
         return LossCurve(a, g.gamma1, g.gamma5), float(r["iteration_time_s"][0])
 
