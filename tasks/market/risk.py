@@ -39,6 +39,8 @@ SLACK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # internal deadline: fastest + step *
 SPREAD_CAP = 2
 SAMPLES = 2000
 SEED = 20230601
+# Deadlines whose candidates are assessed together: most re-plans stop after the first two.
+ROUNDS = ((0, 2), (2, len(SLACK_STEPS)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,45 +75,73 @@ class Frontier:
         return self.time_s[i], self.cost_usd[i]
 
 
-def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
-           seed: int = SEED) -> Risk:
-    """P(meet the budget) and expected cost of one plan under the request's hazards."""
+def assess_all(problem: Problem, plans: list[np.ndarray], frontier: Frontier, samples: int = SAMPLES,
+               seed: int = SEED) -> list[Risk]:
+    """P(meet the budget) and expected cost of each plan under the request's hazards, in one
+    vectorised pass: the samples of every plan are stacked as rows (each row knows its plan), so
+    a re-plan's candidates cost one set of array operations, not one per candidate. Each plan's
+    numbers are the ones it gets alone (`assess`): every operation is per row or per plan."""
     req, model = problem.request, problem.model
-    counts = np.asarray(counts, dtype=np.int64)
-    m = len(counts)
+    m = len(model.types.names)
+    plans = np.asarray(plans, dtype=np.int64).reshape(-1, m)
+    k = len(plans)
     hazard_per_s = np.array([req.hazards_per_h.get(n, 0.0) for n in model.types.names]) / 3600.0
-    # Row 0: the plan; row 1 + k: the plan less one instance of type k.
-    rows = np.repeat(counts[None, :], m + 1, axis=0)
-    rows[1:] -= np.eye(m, dtype=np.int64) * (counts > 0)
-    r = problem.evaluate(rows)
-    t_plan, usd_per_h = float(r["time_s"][0]), float(r["usd_per_h"][0])
+    # Per plan, row 0: the plan; row 1 + j: the plan less one instance of type j.
+    rows = np.repeat(plans[:, None, :], m + 1, axis=1)
+    rows[:, 1:, :] -= np.eye(m, dtype=np.int64)[None, :, :] * (plans[:, None, :] > 0)
+    r = problem.evaluate(rows.reshape(-1, m))
+    time_s = r["time_s"].reshape(k, m + 1)
+    t_plan, usd_per_h = time_s[:, 0], r["usd_per_h"].reshape(k, m + 1)[:, 0]
     with np.errstate(invalid="ignore", divide="ignore"):
-        delay_s = req.recovery_s * (1.0 - t_plan / r["time_s"][1:])
-    delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
+        delay_s = req.recovery_s * (1.0 - t_plan[:, None] / time_s[:, 1:])
+    delay_s = np.where(plans > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
+    # Stack the plans' samples that have a revocation in the window; padding is type m, which
+    # never arrives in time (inf) and delays and costs nothing.
     window_s = problem.budget_s
-    times_a, kinds = _revocations(counts * hazard_per_s, window_s, samples, seed)
-    delays_a, prices_a = delay_s[kinds], model.prices_usd_per_h[kinds]
+    drawn = [_revocations(p * hazard_per_s, window_s, samples, seed) for p in plans]
+    sizes = np.array([len(t) for t, _ in drawn])
+    width = max(t.shape[1] for t, _ in drawn)
+    times_a = np.full((sizes.sum(), width), np.inf)
+    kinds = np.full((sizes.sum(), width), m)
+    ends = np.cumsum(sizes)
+    for (t, kd), end, size in zip(drawn, ends, sizes):
+        times_a[end - size:end, :t.shape[1]] = t
+        kinds[end - size:end, :t.shape[1]] = kd
+    plan_of = np.repeat(np.arange(k), sizes)
+    delays_a = np.concatenate([delay_s, np.zeros((k, 1))], axis=1)[plan_of[:, None], kinds]
+    prices_a = np.r_[model.prices_usd_per_h, 0.0][kinds]
+    t_row, usd_row = t_plan[plan_of], usd_per_h[plan_of]
     before = np.cumsum(delays_a, axis=1) - delays_a
-    counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
-    finish_s = t_plan + (delays_a * counted).sum(axis=1)
-    replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
-    cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+    counted = np.logical_and.accumulate(times_a < t_row[:, None] + before, axis=1)
+    finish_s = t_row + np.cumsum(delays_a * counted, axis=1)[:, -1]
+    replacement_usd = np.cumsum(counted * prices_a, axis=1)[:, -1] * req.recovery_s / 3600.0
+    cost = finish_s * usd_row / 3600.0 + replacement_usd
     # Re-planning from the first revocation that makes the run late.
-    late = counted & (t_plan + before + delays_a > window_s)
+    late = counted & (t_row[:, None] + before + delays_a > window_s)
     any_late = late.any(axis=1)
     switch_s = np.where(any_late, times_a[np.arange(len(times_a)), late.argmax(axis=1)] + req.recovery_s, 0.0)
-    share = (finish_s - switch_s) / t_plan
+    share = (finish_s - switch_s) / t_row
     replan = any_late & (share > 0)
     allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
     run_s, run_usd = frontier.cheapest_within(allowed_s)
     finish_s = np.where(replan, switch_s + share * run_s, finish_s)
-    cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
+    cost = np.where(replan, switch_s * usd_row / 3600.0 + share * run_usd + replacement_usd, cost)
     # Samples without a revocation in the window finish on time at the plan's predicted cost.
-    quiet = samples - len(times_a)
     on_time = window_s * (1 + 1e-9)
-    meet = (quiet * (t_plan <= on_time) + np.count_nonzero(finish_s <= on_time)) / samples
-    mean_cost = (quiet * t_plan * usd_per_h / 3600.0 + cost.sum()) / samples
-    return Risk(float(meet), float(mean_cost), float(r["cost_usd"][0]), t_plan)
+    risks = []
+    for c, (end, size) in enumerate(zip(ends, sizes)):
+        tp, rate = float(t_plan[c]), float(usd_per_h[c])
+        quiet = samples - int(size)
+        meet = (quiet * (tp <= on_time) + np.count_nonzero(finish_s[end - size:end] <= on_time)) / samples
+        mean_cost = (quiet * tp * rate / 3600.0 + cost[end - size:end].sum()) / samples
+        risks.append(Risk(float(meet), float(mean_cost), float(r["cost_usd"][c * (m + 1)]), tp))
+    return risks
+
+
+def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
+           seed: int = SEED) -> Risk:
+    """P(meet the budget) and expected cost of one plan under the request's hazards."""
+    return assess_all(problem, [counts], frontier, samples, seed)[0]
 
 
 def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -203,17 +233,24 @@ def solve_risk(problem: Problem) -> PlanResult:
     frontier = Frontier.of(problem, optima)
     spread = dataclasses.replace(problem, upper=np.maximum(problem.lower, np.minimum(problem.upper, SPREAD_CAP)))
     seen: dict[tuple, Risk] = {}
-    for deadline_s, optimum in zip(deadlines_s, optima):
-        variants = [optimum]
-        if (optimum > spread.upper).any():  # otherwise the optimum is already spread
-            capped, stats = exact.search(spread, "cost", deadline_s=deadline_s * (1 + 1e-9))
-            evaluated += stats.evaluated
-            variants.append(capped.counts)
-        for counts in variants:
-            if counts is not None and tuple(counts) not in seen:
-                seen[tuple(counts)] = assess(problem, counts, frontier)
-        meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
-        if meeting and seen[tuple(optimum)].predicted_cost_usd >= min(meeting):
+    for lo, hi in ROUNDS:
+        wide = [i for i in range(lo, hi) if (optima[i] > spread.upper).any()]  # others are already spread
+        capped = dict(zip(wide, exact.search_deadlines(spread, [deadlines_s[i] * (1 + 1e-9) for i in wide])))
+        variants = {i: [optima[i]] + ([capped[i][0].counts] if i in capped else []) for i in range(lo, hi)}
+        evaluated += sum(stats.evaluated for _, stats in capped.values())
+        fresh = list({tuple(c): c for i in variants for c in variants[i]
+                      if c is not None and tuple(c) not in seen}.values())
+        assessed = dict(zip(map(tuple, fresh), assess_all(problem, fresh, frontier))) if fresh else {}
+        stop = False
+        for i in range(lo, hi):  # what visiting the deadlines one by one would have seen
+            for counts in variants[i]:
+                if counts is not None:
+                    seen.setdefault(tuple(counts), assessed.get(tuple(counts)))
+            meeting = [r.expected_cost_usd for r in seen.values() if r.meet_probability >= level]
+            if meeting and seen[tuple(optima[i])].predicted_cost_usd >= min(meeting):
+                stop = True
+                break
+        if stop:
             break
     meeting_keys = [k for k, r in seen.items() if r.meet_probability >= level]
     if meeting_keys:
