@@ -23,6 +23,15 @@ really achieves.
 Candidates are visited cheapest first; the search stops once a candidate's predicted
 (revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
 expected cost found that meets the level.
+
+A replay re-plans thousands of times over the same few plans, so each plan's draws are kept
+(`_draws`) with everything that does not depend on the time left: its samples sorted by first
+arrival, and per arrival the delays so far, their running maxima and the replacement prices so
+far. An assessment then cuts them at the window and the plan's time: the samples revoked before
+the run ends are a prefix, the revocations that count a prefix of each sample's, found by one
+comparison per arrival. The delays' ratios T(C) / T(C - e_m) are taken at a fixed reference
+loss, so a plan's draws serve every re-plan (mid-training every time scales with the remaining
+progress alike).
 """
 from __future__ import annotations
 
