@@ -90,6 +90,21 @@ class Profile(BaseModel):
     def type_names(self) -> list[str]:
         return [i.type for i in self.instances]
 
+    @property
+    def fitted_workers(self) -> tuple[int, int] | None:
+        """The smallest and largest cluster the loss curve was fitted on (the fit report's
+        `fit_quality.loss-curve.workers`): outside that range a prediction extrapolates the curve's
+        n-shape, so the planner plans no smaller cluster (docs/model.md). None: not recorded (a
+        profile built from published numbers, as the shipped resnet110 one)."""
+        curve = ((self.model_extra or {}).get("fit_quality") or {}).get("loss-curve") or {}
+        span = curve.get("workers")
+        if span is None:
+            return None
+        if (not isinstance(span, list) or len(span) != 2 or not all(type(n) is int and n > 0 for n in span)
+                or span[0] > span[1]):
+            raise UserInputError(f"fit_quality.loss-curve.workers must be [smallest, largest] cluster sizes, got {span!r}")
+        return span[0], span[1]
+
     def instance(self, type_name: str) -> InstanceProfile:
         for inst in self.instances:
             if inst.type == type_name:
@@ -115,9 +130,14 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
     if not isinstance(data, dict):
         raise UserInputError(f"{source}: expected a JSON object at the top level")
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as err:
         raise UserInputError(format_validation_error(err, source)) from None
+    try:
+        profile.fitted_workers  # noqa: B018 (checks the fit report's range once, at load)
+    except UserInputError as err:
+        raise UserInputError(f"{source}: {err}") from None
+    return profile
 
 
 def load_profile(path: str | Path) -> Profile:

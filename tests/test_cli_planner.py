@@ -58,6 +58,9 @@ def test_plan_out_file_is_written(tmp_path):
         (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quota", "p3.2xlarge"], "expected TYPE=N"),
         (["plan", PROFILE, "--loss", "abc", "--deadline", "3000"], "not a number"),
         (["predict", PROFILE, "--cluster", "p3.2xlarge=0", "--loss", "0.8"], "names no instance"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--min-workers", "0"], "--min-workers: must be"),
+        (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--min-workers", "30"],
+         "min_workers 30 is more than the quotas allow"),
         (["plan", PROFILE, "--deadline", "3000"], "required: --loss"),
         (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", "1.5"], "confidence must be in (0, 1)"),
         (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--confidence", "0"], "confidence must be in (0, 1)"),
@@ -127,3 +130,19 @@ def test_interval_and_plan_at_the_upper_end(tmp_path):
     assert sure["extra_cost_usd"] > 0
     human = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--confidence", "0.9")
     assert "confidence       90%: upper end" in human.stdout
+
+
+def test_a_fitted_profile_flags_extrapolation_and_plans_within_its_fitted_sizes(tmp_path):
+    data = json.loads(SHIPPED_PROFILE.read_text()) | {"fit_quality": {"loss-curve": {"workers": [2, 6]}}}
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(data))
+    one = json.loads(spotfill("predict", str(path), "--cluster", "p3.2xlarge=1", "--loss", "0.8", "--json").stdout)
+    assert one["fitted_workers"] == [2, 6] and one["extrapolated"] is True
+    two = json.loads(spotfill("predict", str(path), "--cluster", "p3.2xlarge=2", "--loss", "0.8", "--json").stdout)
+    assert two["extrapolated"] is False
+    human = spotfill("predict", str(path), "--cluster", "p3.2xlarge=1", "--loss", "0.8")
+    assert "extrapolated     the loss curve was fitted on 2 to 6 workers" in human.stdout
+    plan = json.loads(spotfill("plan", str(path), "--loss", "0.8", "--deadline", "1e6", "--json").stdout)
+    assert sum(plan["plan"].values()) >= 2 and plan["min_workers"] == 2
+    shipped = json.loads(spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "1e6", "--json").stdout)
+    assert sum(shipped["plan"].values()) == 1 and "min_workers" not in shipped

@@ -26,11 +26,26 @@ def test_request_defaults_and_validation():
         ({"profile": "/no/such/profile.json"}, "profile not found"),
         ({"surprise": 1}, "surprise"),
         ({"confidence": 1.0}, "confidence"),
+        ({"candidates": {"types": ["a"], "min_workers": 0}}, "min_workers"),
+        ({"candidates": {"types": ["a", "b"], "quotas": {"a": 1}, "min_workers": 6}},
+         "min_workers 6 is more than the quotas allow (5 in all)"),
+        ({"candidates": {"types": ["a"], "min_workers": 3}, "budget": {"max_instances": 2}},
+         "candidates.min_workers 3 is more than budget.max_instances (2)"),
     ]
     for patch, needle in bad:
         with pytest.raises(ValidationError) as err:
             TrainRequest.model_validate(GOOD | patch)
         assert needle in str(err.value)
+
+
+def test_alternatives_a_floor_rules_out_are_listed_as_infeasible():
+    """A homogeneous alternative whose type cannot reach the request's min_workers is a row that
+    says so, not an error that stops the run."""
+    request = PlanRequest(load_profile(SHIPPED_PROFILE), 0.8, 3000, quota={"p3.2xlarge": 2}, min_workers=3)
+    rows = {r["name"].split(" (")[0]: r for r in plan_alternatives(request)}
+    assert rows["chosen"]["status"] == "optimal" and sum(rows["chosen"]["plan"].values()) >= 3
+    assert rows["homogeneous fast"]["status"] == "infeasible"
+    assert "min_workers 3 is more than the quotas allow (2 in all)" in rows["homogeneous fast"]["message"]
 
 
 def test_capped_quotas_fit_the_instance_cap():
@@ -184,3 +199,19 @@ def test_the_trace_type_must_be_a_candidate():
     rev = {"provider": {"revocations": {"trace": "parcae_p3trace.csv", "trace_type": "g3.8xlarge"}}}
     with pytest.raises(ValidationError, match="trace_type 'g3.8xlarge' is not a candidate"):
         TrainRequest.model_validate(GOOD | rev)
+
+@pytest.mark.parametrize("argv, quotas, floor, trace_type", [
+    ([], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, "p3.2xlarge"),  # the demo's market
+    (["--quota", "p3.2xlarge=1"], {"p3.2xlarge": 1}, None, "p3.2xlarge"),  # your quotas, the fitted floor
+    (["--quota", "p3.2xlarge=1", "--min-workers", "2"], {"p3.2xlarge": 1}, 2, "p3.2xlarge"),
+    (["--types", "p3.2xlarge"], {}, None, None),  # not the demo's types: none of its market
+    (["--trace-type", ""], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, None),  # '' replays against every worker
+    (["--trace", "other.csv"], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, None),
+])
+def test_run_takes_the_demo_market_only_where_the_run_is_the_demo(argv, quotas, floor, trace_type):
+    from tasks.cli import build_parser
+    from tasks.pipeline.commands import market_defaults
+
+    args = build_parser().parse_args(["run", *argv])
+    got = market_defaults(args, [t for t in args.types.split(",") if t])
+    assert got == {"quotas": quotas, "min_workers": floor, "trace_type": trace_type}

@@ -250,6 +250,9 @@ def test_infeasible_deadline_reports_the_fastest_time():
         ({"bandwidth_margin": 1.0}, "bandwidth margin"),
         ({"quota": {t: 0 for t in ["p3.2xlarge", "g4dn.4xlarge", "g3.8xlarge", "g3.16xlarge", "p2.8xlarge"]}},
          "every quota is 0"),
+        ({"min_workers": 0}, "min_workers must be a positive whole number"),
+        ({"min_workers": 2.5}, "min_workers must be a positive whole number"),
+        ({"min_workers": 40}, r"min_workers 40 is more than the quotas allow \(25 in all\)"),
     ],
 )
 def test_bad_requests(kwargs, message):
@@ -323,3 +326,71 @@ def test_heuristic_answers_the_same_from_remembered_windows(profile, loss, slack
     again, again_scored = solve_heuristic(later)
     assert again_scored == fresh_scored
     assert (fresh.counts is None and again.counts is None) or list(fresh.counts) == list(again.counts)
+
+
+@SETTINGS
+@given(profiles(max_quota=5), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
+def test_exact_equals_brute_force_with_a_workers_floor(profile, loss, slack, data):
+    """A floor on the cluster size (PlanRequest.min_workers) keeps the search exact: every solver
+    path (enumeration, branch and bound, fastest plan, heuristic) against a plain enumeration of
+    the clusters of at least that size, from scratch and when re-planning around survivors."""
+    most = sum(i.quota for i in profile.instances)
+    floor = data.draw(st.integers(1, most))
+    existing = {i.type: data.draw(st.integers(0, i.quota)) for i in profile.instances}
+    current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))
+    kw = dict(existing=existing, current_loss=current, min_workers=floor)
+    deadline = fastest(profile, loss, **kw) * slack
+    problem = build_problem(PlanRequest(profile, loss, deadline, **kw))
+    every = np.array(list(itertools.product(*(range(lo, hi + 1) for lo, hi in zip(problem.lower, problem.upper)))))
+    every = every[every.sum(axis=1) >= floor]
+    r = problem.evaluate(every)
+    assert fastest_time_s(problem) == pytest.approx(float(np.nanmin(r["time_s"])), rel=1e-9)
+    cheapest = float(r["cost_usd"][r["time_s"] <= deadline * (1 + COST_TIE_REL)].min())
+    result = solve_problem(problem)
+    assert result.feasible and sum(result.plan.values()) >= floor and same_cost(result.predicted_cost_usd, cheapest)
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)  # branch and bound, not enumeration
+    assert searched.counts.sum() >= floor and same_cost(searched.cost, cheapest)
+    quickest, _ = exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)
+    assert quickest.counts.sum() >= floor
+    heuristic, _ = solve_heuristic(problem)
+    assert heuristic.counts is None or heuristic.counts.sum() >= floor
+
+
+def fitted_on(profile, smallest, largest):
+    """The profile as a fit would write it: the loss curve's cluster sizes in its fit report."""
+    return profile_from_dict({**profile.model_dump(), "fit_quality": {"loss-curve": {"workers": [smallest, largest]}}})
+
+
+def test_the_floor_defaults_to_the_smallest_fitted_cluster():
+    """A fitted profile never gets a plan smaller than the clusters its loss curve was measured on
+    (below them the n-shape is extrapolated); the shipped profile, with no fit report, plans as
+    the paper's model does."""
+    shipped = load_profile(SHIPPED_PROFILE)
+    assert shipped.fitted_workers is None
+    quota = {"p3.2xlarge": 2, "g4dn.4xlarge": 2, "g3.8xlarge": 2, "g3.16xlarge": 2, "p2.8xlarge": 2}
+    plain = solve(PlanRequest(shipped, 0.8, 1e6, quota=quota))
+    assert sum(plain.plan.values()) == 1 and "min_workers" not in plain.to_json()
+    fitted = fitted_on(shipped, 3, 7)
+    floored = solve(PlanRequest(fitted, 0.8, 1e6, quota=quota))
+    assert sum(floored.plan.values()) == 3 and floored.to_json()["min_workers"] == 3
+    assert floored.predicted_cost_usd > plain.predicted_cost_usd
+    # an explicit floor wins over the fitted one, either way
+    assert sum(solve(PlanRequest(fitted, 0.8, 1e6, quota=quota, min_workers=1)).plan.values()) == 1
+    assert sum(solve(PlanRequest(fitted, 0.8, 1e6, quota=quota, min_workers=5)).plan.values()) == 5
+    # a re-plan whose quotas fell below the fitted floor runs what it can
+    short = solve(PlanRequest(fitted, 0.8, 1e6, quota={t: 0 for t in quota} | {"p3.2xlarge": 2}))
+    assert short.plan == {"p3.2xlarge": 2}
+
+
+def test_an_infeasible_floor_says_so():
+    profile = load_profile(SHIPPED_PROFILE)
+    quick = fastest_time_s(build_problem(PlanRequest(profile, 0.8, 1e12, min_workers=9)))
+    with pytest.raises(InfeasibleError, match="the fastest plan within the quotas of at least 9 workers"):
+        solve(PlanRequest(profile, 0.8, quick * 0.99, min_workers=9))
+
+
+@pytest.mark.parametrize("span", [[0, 4], [3, 2], [2], "2-7", [2.0, 7]])
+def test_a_malformed_fitted_range_is_refused_at_load(span):
+    data = load_profile(SHIPPED_PROFILE).model_dump() | {"fit_quality": {"loss-curve": {"workers": span}}}
+    with pytest.raises(UserInputError, match=r"^p: fit_quality.loss-curve.workers must be"):
+        profile_from_dict(data, source="p")

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tasks.errors import UserInputError
 from tasks.planner import PlanRequest, solve_problem
 from tasks.planner.problem import build_problem
 
@@ -33,7 +34,12 @@ def plan_alternatives(request: PlanRequest) -> list[dict]:
     ]
     rows = []
     for name, req in variants:
-        result = solve_problem(build_problem(req))
+        try:
+            result = solve_problem(build_problem(req))
+        except UserInputError as err:  # one type's quota below the request's min_workers
+            rows.append({"name": name, "status": "infeasible", "plan": {}, "predicted_time_s": None,
+                         "predicted_cost_usd": None, "fastest_time_s": None, "message": str(err)})
+            continue
         rows.append({
             "name": name, "status": result.status, "plan": result.plan,
             "predicted_time_s": result.predicted_time_s if result.feasible else None,

@@ -9,18 +9,22 @@ import json
 from tasks import cli_args
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
-# The README's main job: a small transformer LM on the two types of the quick profiling preset,
-# with a real Bamboo p2 trace replayed 25x faster: its drops at 212 s (9 -> 2 instances) and 299 s
-# (2 -> 0) revoke the run's worker about 12 s after launch.
+# The README's main job: a small transformer LM on the two types of the quick profiling preset.
+# At least three workers, so that a revocation leaves survivors, from a market with two of each
+# type: the plan mixes them. A real Bamboo trace of the p2/p3 family, replayed
+# 25x faster against the p3.2xlarge workers: its drops at 212 s (9 -> 2 instances) and 299 s
+# (2 -> 0) revoke them about 12 s after launch; the re-plan keeps the g3.8xlarge survivors.
 DEMO = {
     "workload": "transformer-lm",
     "workload_options": {"seq_len": 16},
     "candidates": ["p3.2xlarge", "g3.8xlarge"],
+    "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2},
+    "min_workers": 3,
     "target_loss": 1.7,
     "deadline_s": 60.0,
     "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
     "time_scale": 25.0,
-    "trace_type": None,
+    "trace_type": "p3.2xlarge",
 }
 
 
@@ -31,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
     p.add_argument("--deadline", type=cli_args.duration_s, default=DEMO["deadline_s"], help="seconds")
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
-    p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (default 4 each)")
+    p.add_argument("--quota", type=cli_args.counts, default=None,
+                   help="TYPE=N,... (types not named: 4 each; with the demo's types and no --quota: "
+                        + ",".join(f"{t}={n}" for t, n in DEMO["quotas"].items()) + ")")
+    p.add_argument("--min-workers", type=cli_args.positive_count, default=None,
+                   help="plan and re-plan at least this many workers, so a revocation leaves survivors "
+                        f"(the demo's market: {DEMO['min_workers']}; otherwise the smallest fitted cluster)")
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
     p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
@@ -46,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
     p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
-    p.add_argument("--trace-type", default=DEMO["trace_type"],
-                   help="replay the trace against this type's workers only; '' for every worker")
+    p.add_argument("--trace-type", default=None,
+                   help="replay the trace against this type's workers only; '' for every worker "
+                        f"(the demo's trace and types: {DEMO['trace_type']})")
     p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
                    help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
@@ -65,10 +75,25 @@ def demo_request(artifacts_dir: str = "artifacts"):
     return TrainRequest.model_validate({
         "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
         "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
-        "candidates": {"types": DEMO["candidates"]},
-        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "time_scale": DEMO["time_scale"]}},
+        "candidates": {"types": DEMO["candidates"], "quotas": DEMO["quotas"], "min_workers": DEMO["min_workers"]},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "time_scale": DEMO["time_scale"],
+                                                      "trace_type": DEMO["trace_type"]}},
         "artifacts_dir": artifacts_dir,
     })
+
+
+def market_defaults(args: argparse.Namespace, types: list[str]) -> dict:
+    """Quotas, floor and trace type as given, else the demo's where the run is the demo's: its
+    types (and, for the floor, its quotas; for the trace type, its trace)."""
+    demo_types = types == DEMO["candidates"]
+    quotas = args.quota if args.quota is not None else (DEMO["quotas"] if demo_types else {})
+    floor = args.min_workers
+    if floor is None and demo_types and args.quota is None:
+        floor = DEMO["min_workers"]
+    trace_type = args.trace_type
+    if trace_type is None and demo_types and args.trace == DEMO["trace"]:
+        trace_type = DEMO["trace_type"]
+    return {"quotas": quotas, "min_workers": floor, "trace_type": trace_type or None}
 
 
 def build_request(args: argparse.Namespace):
@@ -79,18 +104,19 @@ def build_request(args: argparse.Namespace):
     from tasks.runtime.workloads import parse_options
 
     types = [t for t in args.types.split(",") if t]
+    market = market_defaults(args, types)
     try:
         return TrainRequest.model_validate({
             "workload": args.workload,
             "workload_options": parse_options(args.workload_opt) if args.workload_opt else
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
-            "candidates": {"types": types, "quotas": args.quota},
+            "candidates": {"types": types, "quotas": market["quotas"], "min_workers": market["min_workers"]},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
-                         "revocations": {"trace": args.trace or None, "trace_type": args.trace_type or None,
+                         "revocations": {"trace": args.trace or None, "trace_type": market["trace_type"],
                                          "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at}},
             "filling": {"enabled": not args.no_filling},

@@ -24,6 +24,9 @@ class Candidates(BaseModel):
     model_config = _STRICT
     types: list[str] = Field(min_length=1, description="instance types to profile and plan over")
     quotas: dict[str, int] = Field(default_factory=dict, description="per-type caps; default 4 each")
+    min_workers: int | None = Field(None, ge=1, description=(
+        "plan and re-plan at least this many workers, so a revocation leaves survivors (default: the smallest "
+        "cluster the profile's loss curve was fitted on)"))
 
     @model_validator(mode="after")
     def _quotas_name_candidates(self) -> "Candidates":
@@ -34,6 +37,9 @@ class Candidates(BaseModel):
             raise ValueError("quotas must be zero or more")
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
+        most = sum(self.quota(t) for t in self.types)
+        if self.min_workers is not None and self.min_workers > most:
+            raise ValueError(f"min_workers {self.min_workers} is more than the quotas allow ({most} in all)")
         return self
 
     def quota(self, name: str) -> int:
@@ -131,6 +137,13 @@ class TrainRequest(BaseModel):
             raise ValueError(f"regions {', '.join(self.regions)}: the pipeline launches the profile's types in "
                              f"provider.region ({self.provider.region}) only; plan across regions with "
                              "`spotfill plan PROFILE --regions ...`, and run in the region it picks")
+        return self
+
+    @model_validator(mode="after")
+    def _min_workers_within_budget(self) -> "TrainRequest":
+        floor, cap = self.candidates.min_workers, self.budget.max_instances
+        if floor is not None and floor > cap:
+            raise ValueError(f"candidates.min_workers {floor} is more than budget.max_instances ({cap})")
         return self
 
     @model_validator(mode="after")

@@ -100,8 +100,14 @@ class TrainingSession:
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
             existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
-            **self.risk_options(),
+            min_workers=self.min_workers(), **self.risk_options(),
         )
+
+    def min_workers(self) -> int | None:
+        """The request's floor, as far as the quotas still allow: after the market refused a type
+        (launch), a re-plan runs what it can rather than stop."""
+        floor = self.request.candidates.min_workers
+        return None if floor is None else max(1, min(floor, sum(self.quota.values())))
 
     def risk_options(self) -> dict:
         """For the risk-aware solver: per-type revocation hazards from the shipped traces and the

@@ -42,8 +42,9 @@ def solve_problem(problem: Problem) -> PlanResult:
         have = problem.budget_s * problem.time_factor
         overhead = problem.request.overhead_s
         level = problem.request.confidence
+        floor = f" of at least {problem.min_workers} workers" if problem.min_workers > 1 else ""
         at = "" if level is None else f" at the upper end of its {level:.0%} interval"
-        msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas takes "
+        msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas{floor} takes "
                f"{fastest * problem.time_factor:.1f} s{' there' if at else ''} and {have:.1f} s are available"
                + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
         if solver == "heuristic" and np.isfinite(fastest) and fastest <= have:

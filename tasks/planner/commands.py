@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "catalog type sharing a GPU model with a measured one (estimated)")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
                    help="meet the deadline at the upper end of the prediction's interval at this level, in (0, 1)")
+    p.add_argument("--min-workers", type=cli_args.positive_count, default=None,
+                   help="plan at least this many workers (default: the smallest cluster the profile's loss "
+                        "curve was fitted on, or 1)")
     p.add_argument("--out", type=cli_args.output_file, default=None, help="also write the plan as JSON to this file (atomically)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=plan)
@@ -62,6 +65,10 @@ def predict(args: argparse.Namespace) -> int:
         "expected_iteration_time_s": r["iteration_time_s"], "speed": r["speed"], "wa_batch": r["wa_batch"],
         "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
     }
+    fitted = profile.fitted_workers
+    if fitted is not None:  # outside the sizes the loss curve was fitted on, the n-shape is extrapolated
+        out["fitted_workers"] = list(fitted)
+        out["extrapolated"] = not fitted[0] <= out["workers"] <= fitted[1]
     if profile.uncertainty is not None:  # a profile without a measured spread gives no interval
         low_s, high_s = time_interval_s(profile, args.level, r["time_s"])
         out["interval"] = {"level": args.level, "time_s": [low_s, high_s],
@@ -76,6 +83,8 @@ def predict(args: argparse.Namespace) -> int:
     print(f"WA batch / CC    {out['wa_batch']:.1f} / {out['cc']:.4f}")
     print(f"predicted time   {out['predicted_time_s']:.1f} s ({out['predicted_time_s'] / 3600:.2f} h)")
     print(f"predicted cost   ${out['predicted_cost_usd']:.4f} at ${r['usd_per_h']:.4f}/h")
+    if out.get("extrapolated"):
+        print(f"extrapolated     the loss curve was fitted on {fitted[0]} to {fitted[1]} workers")
     if "interval" in out:
         (low_s, high_s), (low_usd, high_usd) = out["interval"]["time_s"], out["interval"]["cost_usd"]
         print(f"{args.level:.0%} interval     {low_s:.1f} - {high_s:.1f} s, ${low_usd:.4f} - ${high_usd:.4f}")
@@ -94,7 +103,7 @@ def plan(args: argparse.Namespace) -> int:
         existing=args.existing, quota=args.quota, overhead_s=args.overhead,
         current_loss=args.current_loss, bandwidth_margin=args.bandwidth_margin, solver=args.solver,
         regions=() if args.regions is None else parse_regions(args.regions),
-        confidence=args.confidence,
+        confidence=args.confidence, min_workers=args.min_workers,
     )
     result = solve(request)
     if args.out:
@@ -125,6 +134,9 @@ def format_plan(request, result) -> str:
         f"solver           {result.solver} ({result.status}), {result.solve_seconds * 1000:.1f} ms, "
         f"{result.evaluated} clusters scored",
     ]
+    if result.min_workers > 1:
+        rows.append(f"min workers      {result.min_workers}" + ("" if request.min_workers else
+                                                                " (the smallest cluster the loss curve was fitted on)"))
     if result.confidence is not None:
         c = result.confidence
         rows.append(f"confidence       {c['level']:.0%}: upper end {c['upper_time_s']:.1f} s; "

@@ -127,7 +127,7 @@ class BranchAndBound:
 
     def run(self) -> None:
         lo_total, hi_total = int(self.lower.sum()), int(self.upper.sum())
-        sizes = np.arange(max(1, lo_total), hi_total + 1)
+        sizes = np.arange(max(self.problem.min_workers, lo_total), hi_total + 1)
         j_lo, x_max, ratio_min = size_bounds(self.problem, sizes)
         time_lo, cost_lo = j_lo / x_max, j_lo * ratio_min / 3600.0
         key_lo = cost_lo if self.objective == "cost" else time_lo
@@ -166,7 +166,7 @@ class BranchAndBound:
             rows[:, k] += fit.astype(np.int64)
             fills.append(rows)
         rows = np.concatenate(fills)
-        rows = rows[rows.sum(axis=1) > 0]
+        rows = rows[rows.sum(axis=1) >= self.problem.min_workers]
         for start in range(0, len(rows), _CHUNK_ROWS):
             self.consider(rows[start:start + _CHUNK_ROWS])
         self.climb()
@@ -181,7 +181,8 @@ class BranchAndBound:
             before = self.best
             here = np.bincount(self.owner, self.best.counts[self.order], self.m).astype(np.int64)
             rows = here + steps
-            rows = rows[((rows >= self.lower) & (rows <= self.upper)).all(axis=1) & (rows.sum(axis=1) > 0)]
+            rows = rows[((rows >= self.lower) & (rows <= self.upper)).all(axis=1)
+                        & (rows.sum(axis=1) >= self.problem.min_workers)]
             self.consider(rows)
             if self.best is before:
                 return
@@ -430,14 +431,14 @@ def search_all(problem: Problem, objective: Objective, deadlines_s: list[float],
 
 
 def _scored_chunks(problem: Problem) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """Every non-empty count vector with its scores, in chunks (one, remembered, when small)."""
+    """Every count vector of at least min_workers with its scores, in chunks (one, remembered, when small)."""
     total = composition_count(problem)
     if total <= _ENUMERATE_ROWS:
         yield scored_compositions(problem)
         return
     for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
         counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
-        counts = counts[counts.sum(axis=1) > 0]
+        counts = counts[counts.sum(axis=1) >= problem.min_workers]
         yield counts, problem.evaluate(counts)
 
 
@@ -455,11 +456,11 @@ _SCORED_LOCK = threading.Lock()
 
 
 def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Every non-empty count vector of a small problem with its scores (problem.evaluate),
+    """Every count vector of at least min_workers of a small problem with its scores (problem.evaluate),
     remembered across problems with the same model and bounds (`scored_rows`)."""
     def every() -> np.ndarray:
         counts = compositions(problem, 0, composition_count(problem))
-        return counts[counts.sum(axis=1) > 0]
+        return counts[counts.sum(axis=1) >= problem.min_workers]
 
     return scored_rows(problem, "compositions", every)
 
@@ -478,7 +479,7 @@ def scored_rows(problem: Problem, kind: str, rows: Callable[[], np.ndarray]) -> 
     model, req = problem.model, problem.request
     progress = problem.progress_left
     key = (kind, id(model.profile), model.bandwidth_margin, model.on_demand, tuple(problem.lower),
-           tuple(problem.upper), req.loss_target if progress is None else None)
+           tuple(problem.upper), problem.min_workers, req.loss_target if progress is None else None)
     with _SCORED_LOCK:
         known = _SCORED.get(key)
     if known is None:

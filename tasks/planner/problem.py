@@ -42,6 +42,9 @@ class PlanRequest:
     # instead of the profile's types at its prices (offers.py); quota and existing may then
     # name offers (TYPE@REGION), and quota also types (every region).
     regions: tuple[str, ...] = ()
+    # Plan no cluster smaller than this (a revocation then leaves survivors). None: the smallest
+    # cluster the profile's loss curve was fitted on (Profile.fitted_workers), else 1.
+    min_workers: int | None = None
     # Meet the deadline at the upper end of the prediction's two-sided interval at this level
     # (tasks/intervals.py; the profile must carry its measured error spread); None: at the centre.
     confidence: float | None = None
@@ -58,6 +61,7 @@ class Problem:
     budget_s: float  # deadline minus overhead, divided by time_factor
     time_factor: float = 1.0  # upper end of the confidence interval / central prediction
     offers: dict | None = None  # name -> offers.Offer when planning over regions
+    min_workers: int = 1  # no plan has fewer workers (PlanRequest.min_workers)
 
     def evaluate(self, counts: np.ndarray) -> dict[str, np.ndarray]:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
@@ -105,6 +109,7 @@ class PlanResult:
     # with a confidence level: level, time_factor, upper_time_s, central_cost_usd (the plan at
     # the centre's cost) and extra_cost_usd (what meeting the deadline at the upper end adds)
     confidence: dict | None = None
+    min_workers: int = 1  # the floor the plan was held to (Problem.min_workers)
 
     @property
     def feasible(self) -> bool:
@@ -123,6 +128,7 @@ class PlanResult:
             "solve_seconds": self.solve_seconds,
             **({} if self.offers is None else {"offers": self.offers}),
             **({} if self.confidence is None else {"confidence": self.confidence}),
+            **({} if self.min_workers == 1 else {"min_workers": self.min_workers}),
         }
 
 
@@ -183,13 +189,28 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(f"quota for {nm} ({hi}) is below its existing count ({lo})")
     if upper.sum() == 0:
         raise UserInputError("every quota is 0: no instance can be provisioned")
+    min_workers = workers_floor(req, int(upper.sum()))
     budget_s = req.deadline_s - req.overhead_s
     if budget_s <= 0:
         raise UserInputError(
             f"overhead {req.overhead_s} s leaves no time before the deadline {req.deadline_s} s"
         )
     factor = 1.0 if req.confidence is None else time_factor(profile, req.confidence, "confidence")
-    return Problem(req, model, lower, upper, budget_s / factor, factor, offers)
+    return Problem(req, model, lower, upper, budget_s / factor, factor, offers, min_workers)
+
+
+def workers_floor(req: PlanRequest, most: int) -> int:
+    """The fewest workers a plan may have: the request's min_workers (more than the quotas allow
+    is an error), else the smallest cluster the loss curve was fitted on, as far as the quotas
+    allow: a re-plan short of quota still runs what it can rather than stop."""
+    if req.min_workers is not None:
+        if type(req.min_workers) is not int or req.min_workers < 1:
+            raise UserInputError(f"min_workers must be a positive whole number, got {req.min_workers!r}")
+        if req.min_workers > most:
+            raise UserInputError(f"min_workers {req.min_workers} is more than the quotas allow ({most} in all)")
+        return req.min_workers
+    fitted = req.profile.fitted_workers
+    return 1 if fitted is None else max(1, min(fitted[0], most))
 
 
 def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: float, n_b: float,
@@ -215,7 +236,7 @@ def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status
     if counts is None:
         nan = float("nan")
         return PlanResult("infeasible", {}, nan, nan, nan, nan, nan, nan, solver, solve_s, evaluated,
-                          fastest_time_s, message)
+                          fastest_time_s, message, min_workers=problem.min_workers)
     r = problem.evaluate(counts)
     plan = {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
     offers = None if problem.offers is None else {name: problem.offers[name].to_json() for name in plan}
@@ -224,5 +245,5 @@ def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status
         predicted_time_s=float(r["time_s"][0]), predicted_cost_usd=float(r["cost_usd"][0]),
         iterations=float(r["iterations"][0]), wa_batch=float(r["wa_batch"][0]), cc=float(r["cc"][0]),
         usd_per_h=float(r["usd_per_h"][0]), solver=solver, solve_seconds=solve_s, evaluated=evaluated,
-        message=message, offers=offers,
+        message=message, offers=offers, min_workers=problem.min_workers,
     )
