@@ -29,3 +29,11 @@ def test_no_plan_in_time_falls_back_to_the_fastest_with_the_reason():
     within = cheapest_or_fastest(PlanRequest(PROFILE, 0.8, 100.0, overhead_s=120.0, current_loss=1.0))
     assert "within the start overhead" in within.at_risk and within.result.solver == "fastest"
     assert cheapest_or_fastest(PlanRequest(PROFILE, 0.8, 3000.0)).at_risk is None
+
+
+def test_memo_keeps_answers_for_different_size_floors_apart():
+    memo = ReplanMemo()
+    for floor in (1, 8, 1, 8):
+        request = PlanRequest(PROFILE, 0.8, 2400.0, overhead_s=120.0, current_loss=1.2, min_workers=floor)
+        assert memo.plan(request) == cheapest_or_fastest(request).result.plan
+    assert memo.hits == 2

@@ -81,19 +81,59 @@ def test_risk_bad_input():
 
 
 def test_assess_does_not_depend_on_what_was_assessed_before():
-    """The Monte Carlo's arrivals grow in seeded blocks: a plan's risk is the same whether or not
-    a stormier plan needed more arrivals first."""
+    """The Monte Carlo's arrivals grow in seeded blocks and each plan's draws are remembered: a
+    plan's risk is the same whether or not a stormier plan needed more arrivals first, and
+    whether its draws were made for this window or a longer one."""
     from tasks.market import risk
 
     problem = build_problem(PlanRequest(PROFILE, 0.8, 2000.0, solver="risk", hazards_per_h=STORMY))
     counts = np.array([2, 0, 5, 4, 0])
     risk._ARRIVALS.clear()
-    risk._MERGED.clear()
+    risk._DRAWS.clear()
     fresh = assess(problem, counts, fastest_only(problem))
     wide = build_problem(PlanRequest(PROFILE, 0.8, 20000.0, solver="risk", hazards_per_h=STORMY))
     assess(wide, counts * 2, fastest_only(wide))
     assert assess(problem, counts, fastest_only(problem)) == fresh
-    # The same plan over a longer window first: its remembered arrivals serve the shorter one.
-    risk._MERGED.clear()
+    # The same plan over a longer window first: its remembered draws serve the shorter one.
+    risk._DRAWS.clear()
     assess(wide, counts, fastest_only(wide))
     assert assess(problem, counts, fastest_only(problem)) == fresh
+
+
+def random_replans(seed: int, count: int) -> list[PlanRequest]:
+    """Risk-aware re-plans as a replay makes them: survivors, time left, loss reached."""
+    rng = np.random.default_rng(seed)
+    survivors = [{}, {"p3.2xlarge": 1}, {"g3.8xlarge": 2}, {"p3.2xlarge": 1, "g4dn.4xlarge": 2}, {"p2.8xlarge": 1}]
+    hazards = [STORMY, {k: 0.3 for k in STORMY}, {"p3.2xlarge": 1.0, "g4dn.4xlarge": 0.5}]
+    return [PlanRequest(PROFILE, 0.8, float(rng.uniform(400, 2600)), existing=survivors[rng.integers(len(survivors))],
+                        overhead_s=120.0, current_loss=float(rng.uniform(0.85, 1.6)), solver="risk",
+                        target_probability=float(rng.choice([0.9, 0.95, 0.99])),
+                        hazards_per_h=hazards[rng.integers(len(hazards))], recovery_s=120.0)
+            for _ in range(count)]
+
+
+def test_remembered_draws_answer_what_fresh_draws_answer():
+    """Re-plans after many others (draws remembered, made for other windows) get exactly the
+    answer and estimate of a solve with nothing remembered."""
+    from tasks.market import risk
+
+    requests = random_replans(18, 30)
+    remembered = []
+    for request in requests:
+        try:
+            remembered.append(solve(request))
+        except InfeasibleError:
+            remembered.append(None)
+    for request, warm in zip(requests, remembered):
+        if warm is None:
+            continue
+        problem = build_problem(request)
+        frontier = fastest_only(problem)
+        counts = problem.model.counts_vector(warm.plan)
+        warm_risk = assess(problem, counts, frontier)
+        risk._DRAWS.clear()
+        risk._ARRIVALS.clear()
+        assert assess(problem, counts, frontier) == warm_risk
+        risk._DRAWS.clear()
+        fresh = solve(request)
+        assert (warm.plan, warm.meet_probability) == (fresh.plan, fresh.meet_probability)

@@ -122,5 +122,6 @@ class ReplanMemo:
         g5 = request.profile.loss.gamma5
         du = 1.0 / (request.loss_target - g5) - 1.0 / (request.current_loss - g5)
         key = (id(request.profile), request.loss_target, request.solver, request.on_demand, request.bandwidth_margin,
-               tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())), tuple(request.regions))
+               tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())), tuple(request.regions),
+               request.min_workers)
         return key, du

@@ -23,6 +23,15 @@ really achieves.
 Candidates are visited cheapest first; the search stops once a candidate's predicted
 (revocation-free) cost, a lower bound of every later candidate's expected cost, reaches the best
 expected cost found that meets the level.
+
+A replay re-plans thousands of times over the same few plans, so each plan's draws are kept
+(`_draws`) with everything that does not depend on the time left: its samples sorted by first
+arrival, and per arrival the delays so far, their running maxima and the replacement prices so
+far. An assessment then cuts them at the window and the plan's time: the samples revoked before
+the run ends are a prefix, the revocations that count a prefix of each sample's, found by one
+comparison per arrival. The delays' ratios T(C) / T(C - e_m) are taken at a fixed reference
+loss, so a plan's draws serve every re-plan (mid-training every time scales with the remaining
+progress alike).
 """
 from __future__ import annotations
 
@@ -73,93 +82,141 @@ class Frontier:
         return self.time_s[i], self.cost_usd[i]
 
 
-def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
-           seed: int = SEED) -> Risk:
-    """P(meet the budget) and expected cost of one plan under the request's hazards."""
+@dataclasses.dataclass(frozen=True)
+class _Draws:
+    """One plan's sampled revocations with what each costs it, ready to be cut at any window and
+    plan time: the samples with an arrival by `window_s`, sorted by their first arrival (so the
+    samples with one before a time are a prefix). Arrays are arrival j by sample (column-major:
+    each step over arrivals is one vectorised operation over the samples), inf-padded, with a
+    last row no arrival reaches."""
+
+    window_s: float
+    first_s: np.ndarray  # each sample's first arrival (increasing)
+    reach_s: np.ndarray  # arrival j's earliest time over the samples (increasing)
+    times_s: np.ndarray  # arrivals
+    slack_s: np.ndarray  # running max of arrival minus the delays before it: counted while below the plan's time
+    delayed_s: np.ndarray  # delays up to and including each arrival
+    overrun_s: np.ndarray  # running max of delayed_s: the run is late from the first above the plan's slack
+    paid_usd_per_h: np.ndarray  # replacement prices up to and including each arrival
+
+    @classmethod
+    def of(cls, window_s: float, times_s: np.ndarray, kinds: np.ndarray, delay_s: np.ndarray,
+           price_usd_per_h: np.ndarray) -> "_Draws":
+        """From the merged arrivals (sample by arrival)."""
+        order = np.argsort(times_s[:, 0], kind="stable")
+        width = int(np.searchsorted(times_s.min(axis=0, initial=np.inf), window_s))  # arrivals any sample has by window_s
+        times, kinds_t = np.full((width + 1, len(order)), np.inf), np.zeros((width + 1, len(order)), dtype=np.int64)
+        times[:width], kinds_t[:width] = times_s[order, :width].T, kinds[order, :width].T
+        times_s, kinds = times, kinds_t
+        delays = delay_s[kinds]
+        delayed, slack, overrun, paid = (np.empty_like(times_s) for _ in range(4))
+        prices = price_usd_per_h[kinds]
+        delayed[0], slack[0], overrun[0], paid[0] = delays[0], times_s[0], delays[0], prices[0]
+        for j in range(1, len(times_s)):  # running sums and maxima, one arrival at a time
+            delayed[j] = delayed[j - 1] + delays[j]
+            slack[j] = np.maximum(slack[j - 1], times_s[j] - delayed[j - 1])
+            overrun[j] = np.maximum(overrun[j - 1], delayed[j])
+            paid[j] = paid[j - 1] + prices[j]
+        return cls(window_s, times_s[0].copy(), times_s.min(axis=1, initial=np.inf), times_s, slack, delayed, overrun, paid)
+
+
+_DRAWS: OrderedDict[tuple, tuple[object, _Draws]] = OrderedDict()
+_DRAWS_KEPT = 1024
+_DRAWS_MARGIN = 1.25
+
+
+def _draws(problem: Problem, counts: np.ndarray, hazard_per_s: np.ndarray, window_s: float, samples: int,
+           seed: int) -> _Draws:
+    """A plan's draws over at least window_s, remembered per plan and what its delays depend on.
+    A revocation of type j delays the run by recovery_s * (1 - T(C) / T(C - e_j)): mid-training
+    every time is proportional to the remaining progress (docs/model.md, re-planning), so the
+    ratio is taken at a fixed reference loss (the target + 1), the same for every re-plan."""
     req, model = problem.request, problem.model
-    counts = np.asarray(counts, dtype=np.int64)
+    start = req.current_loss is None
+    key = (id(model.profile), model.bandwidth_margin, model.on_demand, req.loss_target, start, req.recovery_s,
+           counts.tobytes(), hazard_per_s.tobytes(), samples, seed)
+    known = _DRAWS.get(key)
+    if known is not None and known[1].window_s >= window_s:
+        _DRAWS.move_to_end(key)
+        return known[1]
     m = len(counts)
-    hazard_per_s = np.array([req.hazards_per_h.get(n, 0.0) for n in model.types.names]) / 3600.0
-    # Row 0: the plan; row 1 + k: the plan less one instance of type k.
     rows = np.repeat(counts[None, :], m + 1, axis=0)
     rows[1:] -= np.eye(m, dtype=np.int64) * (counts > 0)
-    r = problem.evaluate(rows)
-    t_plan, usd_per_h = float(r["time_s"][0]), float(r["usd_per_h"][0])
+    time_s = model.evaluate(rows, req.loss_target, None if start else req.loss_target + 1.0)["time_s"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        delay_s = req.recovery_s * (1.0 - t_plan / r["time_s"][1:])
+        delay_s = req.recovery_s * (1.0 - time_s[0] / time_s[1:])
     delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
-    window_s = problem.budget_s
-    times_a, kinds = _revocations(counts * hazard_per_s, window_s, samples, seed)
-    delays_a, prices_a = delay_s[kinds], model.prices_usd_per_h[kinds]
-    before = np.cumsum(delays_a, axis=1) - delays_a
-    counted = np.logical_and.accumulate(times_a < t_plan + before, axis=1)
-    finish_s = t_plan + (delays_a * counted).sum(axis=1)
-    replacement_usd = (counted * prices_a).sum(axis=1) * req.recovery_s / 3600.0
-    cost = finish_s * usd_per_h / 3600.0 + replacement_usd
-    # Re-planning from the first revocation that makes the run late.
-    late = counted & (t_plan + before + delays_a > window_s)
-    any_late = late.any(axis=1)
-    switch_s = np.where(any_late, times_a[np.arange(len(times_a)), late.argmax(axis=1)] + req.recovery_s, 0.0)
-    share = (finish_s - switch_s) / t_plan
-    replan = any_late & (share > 0)
-    allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
-    run_s, run_usd = frontier.cheapest_within(allowed_s)
-    finish_s = np.where(replan, switch_s + share * run_s, finish_s)
-    cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
-    # Samples without a revocation in the window finish on time at the plan's predicted cost.
-    quiet = samples - len(times_a)
+    window_s *= _DRAWS_MARGIN  # later re-plans of the plan, with more time left, need no new draws
+    times_a, kinds = _merged(counts * hazard_per_s, window_s, samples, seed)
+    draws = _Draws.of(window_s, times_a, kinds, delay_s, model.prices_usd_per_h)
+    _DRAWS[key] = (model.profile, draws)
+    if len(_DRAWS) > _DRAWS_KEPT:
+        _DRAWS.popitem(last=False)
+    return draws
+
+
+def assess(problem: Problem, counts: np.ndarray, frontier: Frontier, samples: int = SAMPLES,
+           seed: int = SEED) -> Risk:
+    """P(meet the budget) and expected cost of one plan under the request's hazards, from the
+    plan's remembered draws (`_draws`): only the samples with a revocation before the run ends
+    are followed, one vectorised step per arrival."""
+    req, model = problem.request, problem.model
+    counts = np.asarray(counts, dtype=np.int64)
+    hazard_per_s = np.array([req.hazards_per_h.get(n, 0.0) for n in model.types.names]) / 3600.0
+    window_s, rec_s = problem.budget_s, req.recovery_s
     on_time = window_s * (1 + 1e-9)
-    meet = (quiet * (t_plan <= on_time) + np.count_nonzero(finish_s <= on_time)) / samples
-    mean_cost = (quiet * t_plan * usd_per_h / 3600.0 + cost.sum()) / samples
-    return Risk(float(meet), float(mean_cost), float(r["cost_usd"][0]), t_plan)
-
-
-def _revocations(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Revocation times within the window, per sample (rows, sorted, inf-padded to the most any
-    sample has) with each one's type, for the samples that have any: type m's revocations are a
-    Poisson process at rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals` over
-    rate_per_s[m] (the same arrivals for every plan: common random numbers). The merged arrivals
-    of a rate vector are kept (`_merged`): re-plans assess the same plans over other windows."""
-    times, kinds = _merged(rate_per_s, window_s, samples, seed)
-    some = times[:, 0] < window_s
-    if not some.any():
-        return np.full((0, 1), np.inf), np.zeros((0, 1), dtype=np.int64)
-    times, kinds = times[some], kinds[some]
-    width = int((times < window_s).sum(axis=1).max())
-    times, kinds = times[:, :width], kinds[:, :width]
-    return np.where(times < window_s, times, np.inf), kinds
-
-
-_MERGED: OrderedDict[tuple, tuple[float, np.ndarray, np.ndarray]] = OrderedDict()
-_MERGED_KEPT = 256
+    r = problem.evaluate(counts)
+    t_plan, usd_per_h = float(r["time_s"][0]), float(r["usd_per_h"][0])
+    d = _draws(problem, counts, hazard_per_s, window_s, samples, seed)
+    # Samples whose first revocation comes after the run or the window change nothing.
+    n = int(np.searchsorted(d.first_s, min(t_plan, window_s)))
+    meet, cost_sum = 0, 0.0
+    if n:
+        size = d.times_s.shape[1]
+        steps = int(np.searchsorted(d.reach_s, window_s)) + 1  # + 1: an arrival none has in the window
+        # A revocation counts while every one so far came before the (delayed) finish; the
+        # tests hold for a prefix of each sample's arrivals (running maxima, sorted times).
+        fits = (d.slack_s[:steps, :n] < t_plan) & (d.times_s[:steps, :n] < window_s)
+        last = (fits.sum(axis=0) - 1) * size + np.arange(n)
+        finish_s = t_plan + d.delayed_s.take(last)
+        replacement_usd = d.paid_usd_per_h.take(last) * rec_s / 3600.0
+        cost = finish_s * usd_per_h / 3600.0 + replacement_usd
+        # Re-planning from the first revocation that makes the run late.
+        late = d.overrun_s.take(last) > window_s - t_plan
+        first_late = (d.overrun_s[:steps, :n] <= window_s - t_plan).sum(axis=0) * size + np.arange(n)
+        switch_s = np.where(late, d.times_s.take(np.minimum(first_late, last)) + rec_s, 0.0)
+        share = (finish_s - switch_s) / t_plan
+        replan = late & (share > 0)
+        allowed_s = (window_s - switch_s) / np.where(replan, share, 1.0)
+        run_s, run_usd = frontier.cheapest_within(allowed_s)
+        finish_s = np.where(replan, switch_s + share * run_s, finish_s)
+        cost = np.where(replan, switch_s * usd_per_h / 3600.0 + share * run_usd + replacement_usd, cost)
+        meet, cost_sum = np.count_nonzero(finish_s <= on_time), float(cost.sum())
+    quiet = samples - n
+    return Risk(float((quiet * (t_plan <= on_time) + meet) / samples),
+                (quiet * t_plan * usd_per_h / 3600.0 + cost_sum) / samples, float(r["cost_usd"][0]), t_plan)
 
 
 def _merged(rate_per_s: np.ndarray, window_s: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The arrivals of all types up to at least window_s, sorted (inf-padded), and their types,
-    of the samples (in order) that have any within window_s (so of every sample that has any
-    within a shorter window); remembered per rate vector and grown when a longer window is
-    asked for. Only those few samples are merged and sorted."""
-    key = (samples, seed, np.asarray(rate_per_s, dtype=float).tobytes())
-    known = _MERGED.get(key)
-    if known is None or known[0] < window_s:
-        units = []
-        some = np.zeros(samples, dtype=bool)
-        for m in np.flatnonzero(rate_per_s > 0):
-            reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
-            unit, first = _unit_arrivals(samples, seed, int(m), reach)
-            units.append((m, unit, int(np.searchsorted(first, reach))))  # arrivals any sample has within the window
-            some |= unit[:, 0] < reach
-        times, kinds = [np.full((int(some.sum()), 1), np.inf)], [np.zeros(1, dtype=np.int64)]
-        for m, unit, width in units:
-            times.append(unit[some, :width] / rate_per_s[m])
-            kinds.append(np.full(width, m))
-        times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
-        order = np.argsort(times_a, axis=1, kind="stable")
-        known = (window_s, np.take_along_axis(times_a, order, axis=1), kind_of[order])
-        _MERGED[key] = known
-        if len(_MERGED) > _MERGED_KEPT:
-            _MERGED.popitem(last=False)
-    return known[1], known[2]
+    """The arrivals of all types up to at least window_s, sorted per sample (inf-padded), and
+    their types, of the samples (in order) that have any within window_s: type m's revocations
+    are a Poisson process at rate_per_s[m], drawn as the unit-rate arrivals of `_unit_arrivals`
+    over rate_per_s[m] (the same arrivals for every plan: common random numbers). Only those
+    samples are merged and sorted."""
+    units = []
+    some = np.zeros(samples, dtype=bool)
+    for m in np.flatnonzero(rate_per_s > 0):
+        reach = rate_per_s[m] * window_s  # the window in the unit-rate process's time
+        unit, first = _unit_arrivals(samples, seed, int(m), reach)
+        units.append((m, unit, int(np.searchsorted(first, reach))))  # arrivals any sample has within the window
+        some |= unit[:, 0] < reach
+    times, kinds = [np.full((int(some.sum()), 1), np.inf)], [np.zeros(1, dtype=np.int64)]
+    for m, unit, width in units:
+        times.append(unit[some, :width] / rate_per_s[m])
+        kinds.append(np.full(width, m))
+    times_a, kind_of = np.concatenate(times, axis=1), np.concatenate(kinds)
+    order = np.argsort(times_a, axis=1, kind="stable")
+    return np.take_along_axis(times_a, order, axis=1), kind_of[order]
 
 
 _ARRIVALS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
