@@ -117,8 +117,10 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     first = session.started_plan
     word = "SLO met" if result["met"] else "SLO missed"
     loss = "n/a" if result["final_loss"] is None else f"{result['final_loss']:.4f}"
-    start_s = session.request.overhead_s  # the plan's start-up allowance (T_ohd), outside its predicted time
-    predicted_t = (f"{first.predicted_time_s:.1f} s" + (f" + {start_s:g} s to start" if start_s else "")) if first else "n/a"
+    start_s = session.request.overhead_s  # the start-up allowance (T_ohd), outside the predicted time
+    predicted_t = "n/a"
+    if first:
+        predicted_t = f"{first.predicted_time_s:.1f} s" + (f" + {start_s:g} s to start" if start_s else "")
     predicted_c = f"${first.predicted_cost_usd:.4f}" if first else "n/a"
     refused = sum(s["missing"] for s in session.shortfalls)
     shortfall = (f"; the market refused {refused} instance(s) "

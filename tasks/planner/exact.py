@@ -126,8 +126,7 @@ class BranchAndBound:
                                 for k in range(self.m + 1)]
 
     def run(self) -> None:
-        lo_total, hi_total = int(self.lower.sum()), int(self.upper.sum())
-        sizes = np.arange(max(self.problem.min_workers, lo_total), hi_total + 1)
+        sizes = self.problem.sizes
         j_lo, x_max, ratio_min = size_bounds(self.problem, sizes)
         time_lo, cost_lo = j_lo / x_max, j_lo * ratio_min / 3600.0
         key_lo = cost_lo if self.objective == "cost" else time_lo
@@ -166,7 +165,7 @@ class BranchAndBound:
             rows[:, k] += fit.astype(np.int64)
             fills.append(rows)
         rows = np.concatenate(fills)
-        rows = rows[rows.sum(axis=1) >= self.problem.min_workers]
+        rows = rows[self.problem.large_enough(rows)]
         for start in range(0, len(rows), _CHUNK_ROWS):
             self.consider(rows[start:start + _CHUNK_ROWS])
         self.climb()
@@ -181,8 +180,8 @@ class BranchAndBound:
             before = self.best
             here = np.bincount(self.owner, self.best.counts[self.order], self.m).astype(np.int64)
             rows = here + steps
-            rows = rows[((rows >= self.lower) & (rows <= self.upper)).all(axis=1)
-                        & (rows.sum(axis=1) >= self.problem.min_workers)]
+            inside = ((rows >= self.lower) & (rows <= self.upper)).all(axis=1)
+            rows = rows[inside & self.problem.large_enough(rows)]
             self.consider(rows)
             if self.best is before:
                 return
@@ -438,7 +437,7 @@ def _scored_chunks(problem: Problem) -> Iterator[tuple[np.ndarray, dict[str, np.
         return
     for start in range(0, total, _ENUMERATE_CHUNK_ROWS):
         counts = compositions(problem, start, min(total, start + _ENUMERATE_CHUNK_ROWS))
-        counts = counts[counts.sum(axis=1) >= problem.min_workers]
+        counts = counts[problem.large_enough(counts)]
         yield counts, problem.evaluate(counts)
 
 
@@ -460,7 +459,7 @@ def scored_compositions(problem: Problem) -> tuple[np.ndarray, dict[str, np.ndar
     remembered across problems with the same model and bounds (`scored_rows`)."""
     def every() -> np.ndarray:
         counts = compositions(problem, 0, composition_count(problem))
-        return counts[counts.sum(axis=1) >= problem.min_workers]
+        return counts[problem.large_enough(counts)]
 
     return scored_rows(problem, "compositions", every)
 

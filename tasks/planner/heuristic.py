@@ -22,8 +22,7 @@ from tasks.planner.problem import COST_TIE_REL, Problem
 
 
 def size_range(problem: Problem) -> tuple[int, int]:
-    lo_total, hi_total = int(problem.lower.sum()), int(problem.upper.sum())
-    sizes = np.arange(max(problem.min_workers, lo_total), hi_total + 1)
+    sizes, hi_total = problem.sizes, int(problem.upper.sum())
     j_lo, x_max, _ = size_bounds(problem, sizes)
     reachable = sizes[j_lo / x_max <= problem.budget_s]
     n_lower = int(reachable[0]) if len(reachable) else hi_total + 1

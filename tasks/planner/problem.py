@@ -67,6 +67,16 @@ class Problem:
         return self.model.evaluate(counts, self.request.loss_target, self.request.current_loss)
 
     @property
+    def sizes(self) -> np.ndarray:
+        """The cluster sizes a plan may have: from the floor (or the existing instances, if more)
+        to every quota filled."""
+        return np.arange(max(self.min_workers, int(self.lower.sum())), int(self.upper.sum()) + 1)
+
+    def large_enough(self, counts: np.ndarray) -> np.ndarray:
+        """Which rows of counts have at least min_workers workers (so none is empty)."""
+        return counts.sum(axis=1) >= self.min_workers
+
+    @property
     def progress_left(self) -> float | None:
         """Mid-training, the remaining progress du = 1/(L - gamma5) - 1/(L0 - gamma5): every
         cluster's remaining iterations, time and cost are proportional to it (docs/model.md,
