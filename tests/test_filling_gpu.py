@@ -263,15 +263,23 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     def broken():
         raise RuntimeError("CUDA out of memory\nsecond line")
 
+    def unfit():  # a user-input error inside a section is that section's, not the check's end
+        raise UserInputError("memory fit: too few points")
+
     monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda: filling, "runtime": broken,
-                                                "profile": lambda: {"max_batch_per_gpu": 4096},
-                                                "train": lambda: {"updates": 10}})
+                                                "profile": unfit, "train": lambda: {"updates": 10}})
     assert main(["bench", "gpu", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)
     assert result["device_name"] == "Fake GPU" and result["runtime"]["error"] == "RuntimeError: CUDA out of memory"
-    assert result["targets_met"] is True and result["profile"]["max_batch_per_gpu"] == 4096
+    assert result["targets_met"] is True and result["profile"]["error"] == "UserInputError: memory fit: too few points"
+    assert result["train"]["updates"] == 10
+    # every section's numbers reach stderr as it ends, so a check killed at its limit keeps them
+    progress = [line for line in err.splitlines() if line.startswith("bench gpu: ")]
+    assert [line.split(":")[1].strip() for line in progress] == ["filling", "runtime", "profile", "train"]
+    assert json.loads(progress[-1].split(": ", 2)[2])["updates"] == 10
     table = gpu_check.format_table(result)
-    assert "Fake GPU" in table and "runtime" in table and "target online_p95_s <= 0.05: 0.01 met" in table
+    assert "Fake GPU" in table and "runtime" in table and "too few points" in table and "target online_p95_s <= 0.05: 0.01 met" in table
     assert "target rounds >= 3: 12 met" in table
 
 
@@ -290,3 +298,18 @@ def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_pa
     totals = inference_harvested(tmp_path)
     assert (totals["workers"], totals["offline_samples"], totals["online_requests"]) == (3, 157, 6)
     assert totals["compute_slowdown_max"] == pytest.approx(0.03)
+
+
+def test_train_section_stops_at_once_with_the_workers_last_words_when_they_all_exit(tmp_path):
+    """A worker that cannot start (here: a fill config naming no known model) must not cost the
+    check its 90 s wait for a first update: the section ends when no worker is left, with the
+    line the worker died on, and leaves no process behind."""
+    from tasks.filling import gpu_check
+    from tasks.providers.local import LocalProvider
+
+    bad_fill = {**gpu_check.TRAIN_FILL, "model": "no-such-model"}
+    with pytest.raises(RuntimeError, match="every worker exited; .*log ends: .*fill config: model"):
+        gpu_check.train_section(window_s=1.0, workload="transformer-lm", options={"seq_len": 8}, batch=2,
+                                fill=bad_fill, device="cpu", artifacts_dir=tmp_path)
+    (run_id,) = [p.name for p in tmp_path.iterdir() if p.name.startswith("gpu-check-")]
+    assert LocalProvider(tmp_path).describe(run_id) == []

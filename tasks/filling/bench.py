@@ -283,6 +283,9 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
                                                 / solo["offline_samples_per_s"])
         modes[mode]["guard_shrinks"] = fillers[mode].guard.shrinks
+        # a lane that failed (CUDA out of memory, a kernel error) stops filling quietly: say why
+        modes[mode]["filler_error"] = error_line(fillers[mode].error)
+    solo["filler_error"] = error_line(fillers["infer_alone"].error)
     gated, naive = modes["gated"], modes["naive"]
     result = {
         "online_rate_per_s": online_rate,
@@ -317,6 +320,11 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     }
     result["plot"] = _plot(result, artifact)
     return result
+
+
+def error_line(err: BaseException | None) -> str | None:
+    """An exception as one line (its type and the first line of its message), None for none."""
+    return None if err is None else f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
 
 
 def _device_name(device: str) -> str:

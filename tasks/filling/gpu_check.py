@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +43,7 @@ MIN_ROUNDS = 3  # the retained figure is a median over at least this many rounds
 PROFILE_WORKLOAD, PROFILE_BATCHES = "resnet110-cifar100", (64, 128, 256, 512)
 TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE, TRAIN_WORKERS = "resnet110-cifar100", 128, "p3.2xlarge", 2
 TRAIN_WINDOW_S = 40.0  # training time after the first update
+TRAIN_FIRST_UPDATE_S = 90.0  # two workers start, build the model on the GPU and push once within this
 TRAIN_BANDWIDTH_SCALE = 0.1  # links at a tenth of the NIC: push + pull of 7 MB takes ~0.1 s
 TRAIN_FILL = {"model": "resnet50", "max_batch": 32, "dataset_size": 128, "slo_s": 0.05,
               "online_rate_per_s": 10.0, "margin_s": 0.001}
@@ -104,6 +106,7 @@ def filling_summary(result: dict) -> dict:
         modes[mode] = {**values, "offline_samples_per_s": m["offline_samples_per_s"],
                        "online_p50_s": m["online_p50_s"], "online_served": m["online_served"],
                        "online_shed": m["online_shed"], "guard_shrinks": m["guard_shrinks"],
+                       "filler_error": m.get("filler_error"),
                        "checks": judge(values)}
     checks = {**modes["gated"]["checks"],
               "rounds": {"value": st["rounds_run"], "target": f">= {MIN_ROUNDS}",
@@ -160,7 +163,7 @@ def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, s
 
 def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLOAD,
                   options: dict | None = None, batch: int = TRAIN_BATCH, fill: dict = TRAIN_FILL,
-                  device: str = "cuda") -> dict:
+                  device: str = "cuda", artifacts_dir: Path | None = None) -> dict:
     """The runtime with filling on: a PS and TRAIN_WORKERS workers (--fill, --device; the
     inference model and sizes through $SPOTFILL_FILL_CONFIG), then the workers' own reports
     (`device` cpu with small sizes: a dry run of the same code)."""
@@ -170,7 +173,8 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
     from tasks.providers.local import LocalProvider
     from tasks.runtime import driver
 
-    provider = LocalProvider(bandwidth_scale=TRAIN_BANDWIDTH_SCALE)
+    provider = (LocalProvider(artifacts_dir, bandwidth_scale=TRAIN_BANDWIDTH_SCALE) if artifacts_dir
+                else LocalProvider(bandwidth_scale=TRAIN_BANDWIDTH_SCALE))
     run_id = time.strftime("gpu-check-%Y%m%dT%H%M%S")
     run = driver.start_run(provider, run_id, workload, workload_options=options)
     metrics_dir = run.run_dir / "filling"
@@ -178,20 +182,22 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
                  "--fill-online-slo-s", repr(fill["slo_s"]), "--fill-metrics-dir", str(metrics_dir))
     startup = replace(driver.worker_startup(run, batch, fill_args), env={CONFIG_ENV: json.dumps(fill)})
     try:
-        provider.launch(run_id, "p0", TRAIN_TYPE, TRAIN_WORKERS, role="worker", market="spot", startup=startup)
-        first = driver.wait_for(run, lambda p: p.updates_total > 0, timeout_s=180)
+        workers = provider.launch(run_id, "p0", TRAIN_TYPE, TRAIN_WORKERS, role="worker", market="spot",
+                                  startup=startup).instances
+        first = _wait_while_workers_live(run, provider, workers, lambda p: p.updates_total > 0, TRAIN_FIRST_UPDATE_S)
         started_s, updates_0 = time.monotonic(), first.updates_total
-        driver.wait_for(run, lambda p: time.monotonic() - started_s >= window_s, timeout_s=window_s + 60)
+        window = _wait_while_workers_live(run, provider, workers, lambda p: time.monotonic() - started_s >= window_s,
+                                          window_s + 30)
+        elapsed_s = time.monotonic() - started_s  # the window, not the shutdown after it
         final = driver.stop_run(run)
     finally:
         provider.cleanup(run_id)
-    elapsed_s = time.monotonic() - started_s
     workers = read_worker_metrics(metrics_dir)
     total = lambda key: sum(m.get(key) or 0 for m in workers)  # noqa: E731
     slowdowns = [m["compute_slowdown"] for m in workers if m.get("compute_slowdown") is not None]
     return {
         "workload": f"{workload} batch {batch}", "workers": TRAIN_WORKERS, "inference": fill["model"], "updates": final.updates_total,
-        "updates_per_s": (final.updates_total - updates_0) / elapsed_s,
+        "updates_per_s": (window.updates_total - updates_0) / elapsed_s,
         "smoothed_loss": final.smoothed_loss, "workers_reporting": len(workers),
         "inference_samples": total("inference_samples"),
         "inference_samples_per_s": sum(m["inference_samples"] / m["elapsed_s"] for m in workers
@@ -202,6 +208,30 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
         "errors": [m["error"] for m in workers if m.get("error")],
         "run_dir": str(run.run_dir),
     }
+
+
+def _wait_while_workers_live(run, provider, workers, condition, timeout_s: float):
+    """driver.wait_for, but give up at once, with the last line of a dead worker's log, when none
+    of `workers` is alive any more (a worker that failed to start would otherwise cost the whole
+    timeout of a check that has minutes)."""
+    from tasks.runtime import driver
+
+    ids = {w.instance_id for w in workers}
+
+    def done_or_dead(progress) -> bool:
+        if condition(progress):
+            return True
+        if ids & {i.instance_id for i in provider.describe(run.run_id)}:
+            return False
+        raise RuntimeError(f"every worker exited; {_last_log_line(run.run_dir, sorted(ids)[0])}")
+
+    return driver.wait_for(run, done_or_dead, timeout_s=timeout_s, poll_s=0.5)
+
+
+def _last_log_line(run_dir: Path, instance_id: str) -> str:
+    log = run_dir / "logs" / f"{instance_id}.log"
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
 
 
 SECTIONS = {"filling": filling_section, "runtime": runtime_section, "profile": profile_section,
@@ -220,11 +250,11 @@ def run_bench(quick: bool = True) -> dict:
         t0 = time.perf_counter()
         try:
             result[name] = section()
-        except UserInputError:
-            raise
         except Exception as err:  # keep the other sections' numbers; say what broke, in one line
-            result[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
+            result[name] = {"error": filling_bench.error_line(err)}
         result[name]["section_s"] = time.perf_counter() - t0
+        # each section's numbers as soon as it ends, so a check killed at its limit keeps them
+        print(f"bench gpu: {name}: {json.dumps(json_safe(result[name]))}", file=sys.stderr, flush=True)
     result["elapsed_s"] = time.perf_counter() - started_s
     checks = result["filling"].get("checks", {})
     result["targets_met"] = bool(checks) and all(c["met"] for c in checks.values())
