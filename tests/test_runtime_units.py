@@ -200,6 +200,14 @@ def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):
         result = run_worker(config, listener=Recorder())
         assert (result.reason, result.steps, result.samples_accepted) == ("done", 3, 12)
         assert phases == [(p, s) for s in range(3) for p in ("compute_start", "compute_end", "comm_start", "comm_end")]
+        # the worker's own compute failing (CUDA out of memory, say) ends it with that error; it
+        # is not a lost PS to rejoin forever
+        class FailingCompute(Recorder):
+            def compute_start(self, step):
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        with pytest.raises(RuntimeError, match="out of memory"):
+            run_worker(config, listener=FailingCompute())
         config.watch_pid = _dead_pid()
         assert run_worker(config).reason == "terminated"
         ps.config.watch_pid = _dead_pid()
@@ -226,3 +234,30 @@ def test_ps_damps_the_learning_rate_by_staleness(tmp_path, power):
     assert _apply_stale(ps, 0) == pytest.approx(base)  # fresh: staleness 0
     ps.version = 10
     assert _apply_stale(ps, 7) == pytest.approx(base / 4 ** power)  # computed 3 versions ago
+
+
+def test_prefetched_raises_the_producers_error_ends_with_it_and_stops_when_closed():
+    """The CUDA batch pipeline's thread (worker.prefetched): a failing batch source must reach
+    the worker as an error, not as a wait forever; a closed consumer must not leave it running."""
+    from tasks.runtime.worker import prefetched
+
+    assert list(prefetched(range(5), lambda x: x * 10)) == [0, 10, 20, 30, 40]
+
+    def broken():
+        yield 1
+        raise ValueError("batch source failed")
+
+    got = prefetched(broken(), lambda x: x)
+    assert next(got) == 1
+    with pytest.raises(ValueError, match="batch source failed"):
+        next(got)
+
+    made = []
+    endless = prefetched(iter(int, 1), lambda x: made.append(x) or x)  # iter(int, 1): zeros forever
+    next(endless)
+    endless.close()
+    threads = [t for t in threading.enumerate() if t.name == "prefetch"]
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(made) < 10  # it stopped making batches nobody takes

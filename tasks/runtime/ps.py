@@ -446,12 +446,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
     p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for the optimizer step and the state copies (default: a quarter of the cores, 1 to 4)")
     return p
+
+
+def default_threads(cpu_count: int) -> int:
+    """The PS's update and its copy of the state are memory-bound vector work: a few threads cut
+    them where cores are spare (a quarter of a 16-core host: 4), while on a small machine whose
+    cores the workers need it keeps to one."""
+    return max(1, min(4, cpu_count // 4))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or default_threads(os.cpu_count() or 1))
     try:
         config = PsConfig(
             run_dir=args.run_dir, port=args.port, workload=args.workload,

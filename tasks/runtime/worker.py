@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,19 @@ def parse_addresses(text: str) -> list[tuple[str, int]]:
     return [parse_address(part) for part in text.split(",")]
 
 
+class LinkLost(Exception):
+    """A transfer to or from a PS shard failed: the PS went away (the worker rejoins). Not a
+    RuntimeError, so that a failure of the worker's own compute (CUDA out of memory, a cuDNN
+    error) ends the worker with its message instead of looking like a lost PS."""
+
+
+def _links(op: Callable[[], None]) -> None:
+    try:
+        op()
+    except RuntimeError as err:
+        raise LinkLost(str(err)) from err
+
+
 class Shards:
     """The worker's links to the k PS shards; each transfer goes to all of them at once (one
     message per shard, in flight together), each shard getting its range of the flat vector."""
@@ -119,16 +133,16 @@ class Shards:
             work.wait()
 
     def send(self, headers: list[torch.Tensor], vector: torch.Tensor | None = None) -> None:
-        self._wait([link.start_send(h) for link, h in zip(self.links, headers)])
+        _links(lambda: self._wait([link.start_send(h) for link, h in zip(self.links, headers)]))
         if vector is not None:
-            self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
+            _links(lambda: self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)]))
 
     def receive(self, state: torch.Tensor) -> bool:
         """The shards' replies into self.replies; True and `state` filled when all say continue."""
-        self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)])
+        _links(lambda: self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)]))
         if any(h[0].item() == wire.STOP for h in self.replies):
             return False
-        self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
+        _links(lambda: self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)]))
         return True
 
     def leave(self, reason: str) -> None:
@@ -162,19 +176,56 @@ def device_batches(batches, device: torch.device):
     if device.type != "cuda":
         yield from batches
         return
+
+    def pinned(batch):
+        # contiguous first: a pinned copy keeps a slice's strides, and a strided pinned tensor
+        # goes to the GPU through a pageable staging copy, blocking the host
+        return tuple(t.contiguous().pin_memory() for t in batch)
+
+    for inputs, targets in prefetched(batches, pinned):
+        yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
+def prefetched(items, prepare: Callable, depth: int = 2):
+    """`prepare(item)` for each of `items`, made up to `depth` ahead by a thread. The thread's
+    failure is raised here (never a consumer waiting forever on a dead producer), and the thread
+    stops once the consumer is closed."""
     import queue
     import threading
 
-    ready: queue.Queue = queue.Queue(maxsize=2)
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    closed = threading.Event()
+    end = object()
+
+    def offer(item) -> None:
+        while not closed.is_set():
+            try:
+                ready.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def produce() -> None:
-        for inputs, targets in batches:
-            ready.put((inputs.pin_memory(), targets.pin_memory()))
+        try:
+            for item in items:
+                if closed.is_set():
+                    return
+                offer((prepare(item), None))
+            offer((end, None))
+        except Exception as err:
+            offer((None, err))
 
-    threading.Thread(target=produce, daemon=True).start()
-    while True:
-        inputs, targets = ready.get()
-        yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+    threading.Thread(target=produce, daemon=True, name="prefetch").start()
+    try:
+        while True:
+            item, err = ready.get()
+            if err is not None:
+                raise err
+            if item is end:
+                return
+            yield item
+    finally:
+        closed.set()
 
 
 def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
@@ -263,7 +314,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             comm_s = time.monotonic() - t1
             listener.comm_end(step)
             step += 1
-        except RuntimeError as err:  # a PS went away: rejoin all shards when they are back
+        except LinkLost as err:  # a PS went away: rejoin all shards when they are back
             sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
             deadline_s = time.monotonic() + config.reconnect_timeout_s
             while True:
