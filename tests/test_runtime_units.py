@@ -261,3 +261,26 @@ def test_prefetched_raises_the_producers_error_ends_with_it_and_stops_when_close
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert len(made) < 10  # it stopped making batches nobody takes
+
+
+def test_ps_threads_leave_a_small_machines_cores_to_its_workers():
+    from tasks.runtime.ps import build_parser, default_threads
+
+    assert [default_threads(n) for n in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+    assert build_parser().parse_args(["--run-dir", "x", "--port", "1", "--workload", "tiny", "--threads", "3"]).threads == 3
+
+
+def test_overhead_row_puts_the_runtime_against_the_plain_step_and_the_link():
+    """bench runtime's row for one case: the ratio to the plain loop, and to the step this
+    machine's links allow (plain step + bus copies + 2 x vector at the loopback's rate)."""
+    from tasks.runtime.bench import TINY, case_result
+
+    updates = [{"comm_s": 0.04, "compute_s": 0.13, "apply_ms_per_mb": 1.0} for _ in range(3)]
+    measured = {"plain_step_s": [0.1, 0.1, 0.1], "runtime_step_s": [0.2, 0.2, 0.2], "updates": updates}
+    row = case_result(TINY, measured, vector_mb=100.0, loopback=5.0, bus_s=0.02)
+    assert row["ratio"] == pytest.approx(0.5)
+    assert row["push_pull_gbps"] == pytest.approx(5.0) and row["push_pull_over_loopback"] == pytest.approx(1.0)
+    assert row["compute_over_plain_step"] == pytest.approx(1.3)
+    assert row["compute_less_bus_over_plain_step"] == pytest.approx(1.1)
+    assert row["link_bound_step_s"] == pytest.approx(0.1 + 0.02 + 0.04)
+    assert row["ratio_to_link_bound"] == pytest.approx(0.16 / 0.2)

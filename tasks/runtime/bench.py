@@ -188,10 +188,34 @@ def echo(port: int, numel: int, repeats: int) -> None:
         group.send([x], 0, 0).wait()
 
 
-def case_result(case: Case, measured: dict, vector_mb: float, loopback: float) -> dict:
-    """One case's row: rates, their ratio, where a runtime step goes, the link against loopback."""
+def bus_copy_s(numel: int, device: str, repeats: int = 5) -> float:
+    """One crossing of the bus each way for a vector of `numel` floats through pinned host memory
+    (the worker's push copy and pull copy), median seconds; 0 off CUDA, where there is no bus."""
+    if device != "cuda":
+        return 0.0
+    import torch
+
+    host = torch.empty(numel, pin_memory=True)
+    on_device = torch.empty(numel, device="cuda")
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        host.copy_(on_device, non_blocking=True)
+        on_device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def case_result(case: Case, measured: dict, vector_mb: float, loopback: float, bus_s: float = 0.0) -> dict:
+    """One case's row: rates, their ratio, where a runtime step goes, the link against loopback,
+    and the step this machine's links allow (the plain step, the bus copies, push + pull at the
+    loopback's rate: nothing of it overlaps in the worker's loop)."""
     plain_s, runtime_s, updates = measured["plain_step_s"], measured["runtime_step_s"], measured["updates"]
     comm_s = statistics.median(r["comm_s"] for r in updates)
+    compute_s = statistics.median(r["compute_s"] for r in updates)
+    bound_s = statistics.median(plain_s) + bus_s + 2 * vector_mb / 1e3 / loopback
     return {
         "case": case.label,
         "vector_mb": vector_mb,
@@ -201,8 +225,14 @@ def case_result(case: Case, measured: dict, vector_mb: float, loopback: float) -
         "ratio_of_totals": sum(plain_s) / sum(runtime_s),
         "steps_each": len(plain_s),
         "plain_step_s": statistics.median(plain_s),
-        "worker_compute_s": statistics.median(r["compute_s"] for r in updates),
-        "compute_over_plain_step": statistics.median(r["compute_s"] for r in updates) / statistics.median(plain_s),
+        "worker_compute_s": compute_s,
+        "compute_over_plain_step": compute_s / statistics.median(plain_s),
+        # on CUDA the worker's compute phase holds both bus copies (the push's, and the pull's,
+        # queued ahead of the forward); without them it is the same kernels as the plain step
+        "bus_copy_s": bus_s,
+        "compute_less_bus_over_plain_step": (compute_s - bus_s) / statistics.median(plain_s),
+        "link_bound_step_s": bound_s,
+        "ratio_to_link_bound": bound_s / statistics.median(runtime_s),
         "push_pull_s": comm_s,
         "push_pull_gbps": 2 * vector_mb / 1e3 / comm_s,
         "loopback_gbps": loopback,
@@ -278,10 +308,11 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
     cases = []
     for case in GPU_CASES if device == "cuda" else CPU_CASES:
-        vector_mb = wire.flat_size(build_workload(case.workload, case.options).model) * 4 / 1e6
+        numel = wire.flat_size(build_workload(case.workload, case.options).model)
+        vector_mb = numel * 4 / 1e6
         rounds = 3 if case is not TINY else (8 if quick else 20)
         measured = overhead(runs, case, rounds=rounds if not quick or case is TINY else 2, steps=3, device=device)
-        cases.append(case_result(case, measured, vector_mb, loopback_gbps(int(vector_mb * 1e6))))
+        cases.append(case_result(case, measured, vector_mb, loopback_gbps(numel * 4), bus_copy_s(numel, device)))
     result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
     if scaling:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
@@ -310,13 +341,15 @@ def run_bench(quick: bool) -> dict:
 
 def format_table(result: dict) -> str:
     lines = [f"overhead on {result['device']}: one runtime worker against a plain loop (median step times)",
-             "  case | plain samples/s | runtime samples/s | ratio | compute / plain step | push+pull s | GB/s "
-             "(loopback GB/s) | PS apply ms/MB"]
+             "  case | plain samples/s | runtime samples/s | ratio | of link bound | compute / plain step | "
+             "bus copies s | push+pull s | GB/s (loopback GB/s) | PS apply ms/MB"]
     for c in result["cases"]:
         lines.append(
             f"  {c['case']} ({c['vector_mb']:.1f} MB) | {c['plain_samples_per_s']:.2f} | {c['runtime_samples_per_s']:.2f} | "
-            f"{c['ratio']:.3f} | {c['worker_compute_s']:.4f} / {c['plain_step_s']:.4f} = {c['compute_over_plain_step']:.3f} | "
-            f"{c['push_pull_s']:.4f} | {c['push_pull_gbps']:.2f} ({c['loopback_gbps']:.2f}) | {c['ps_apply_ms_per_mb']:.2f}")
+            f"{c['ratio']:.3f} | {c['ratio_to_link_bound']:.3f} | "
+            f"{c['worker_compute_s']:.4f} / {c['plain_step_s']:.4f} = {c['compute_over_plain_step']:.3f} | "
+            f"{c['bus_copy_s']:.4f} | {c['push_pull_s']:.4f} | {c['push_pull_gbps']:.2f} ({c['loopback_gbps']:.2f}) | "
+            f"{c['ps_apply_ms_per_mb']:.2f}")
     if "throughput_by_workers" in result:
         lines.append(f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
                      f"each PS capped at {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):")
