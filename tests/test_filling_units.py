@@ -306,6 +306,36 @@ def test_a_request_waits_for_a_bubble_predicted_within_the_bound_and_is_served_a
     assert lenient.start("online", fits(0.001)) is None  # within its bound: wait for the bubble
 
 
+def test_the_wait_bound_counts_what_a_request_has_waited_not_only_what_is_predicted():
+    """A compute phase that overruns its prediction must not stretch a request's wait past the
+    bound: the oldest queued request's wait so far counts against it."""
+    clock, monitor, guard, _gate = reserve_gate()
+    waited = {"s": 0.0}
+    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02,
+                online_max_wait_s=0.02, waited_s=lambda now: waited["s"])
+    clock.now += 1.0  # the reserve is full
+    monitor.compute_start(3)
+    clock.now += 0.04  # 10 ms of the predicted 50 ms compute phase left
+    assert gate.start("online", fits(0.001)) is None  # a fresh request waits for the bubble
+    waited["s"] = 0.012  # one that has waited 12 ms would wait 22 ms in all: served now
+    assert gate.start("online", fits(0.001)) == 0.001
+    clock.now += 0.03  # the phase overran: predicted wait 0, yet the request has waited 30 ms
+    waited["s"] = 0.03
+    assert monitor.predicted_wait_s() == 0.0
+    assert gate.start("online", fits(0.001)) == 0.001
+
+
+def test_the_scheduler_says_how_long_its_oldest_request_has_waited():
+    queue = OnlineQueue(capacity=4, slo_s=1.0)
+    scheduler = Scheduler(queue, None, CostModel(8), dataset_size=16)
+    assert scheduler.oldest_wait_s(5.0) == 0.0
+    queue.offer(4.0)
+    queue.offer(4.5)
+    assert scheduler.oldest_wait_s(5.0) == pytest.approx(1.0)
+    queue.take(1)
+    assert scheduler.oldest_wait_s(5.0) == pytest.approx(0.5)
+
+
 def test_online_reserve_is_charged_only_for_time_outside_bubbles_and_follows_the_guard():
     clock, monitor, guard, gate = reserve_gate(budget=0.5)
     clock.now += 1.0

@@ -126,23 +126,23 @@ def assemble(config: FillConfig, policy: Policy = "gated"):
         workload = workload.to("cuda")
     monitor = BubbleMonitor(slots=config.slots)
     guard = StepTimeGuard(config.tolerance, config.calibration_steps, config.rebaseline_every)
+    arrivals = (PoissonArrivals(config.online_rate_per_s, config.seed)
+                if config.online_rate_per_s > 0 else None)
+    scheduler = Scheduler(OnlineQueue(config.queue_capacity, config.slo_s), arrivals,
+                          CostModel(config.max_batch), config.dataset_size,
+                          online_costs=CostModel(config.max_batch))
     if policy == "gated":
         admission = Gate(monitor, guard, config.max_in_flight, config.margin, config.margin_s,
-                         config.online_reserve, online_max_wait(config))
+                         config.online_reserve, online_max_wait(config), waited_s=scheduler.oldest_wait_s)
     elif policy in ("naive", "naive_split"):
         admission = OpenAdmission(config.max_in_flight)
     else:
         admission = RateLimitedAdmission(guard, config.rate_limited_duty, burst_s=0.05,
                                          max_in_flight=config.max_in_flight)
-    arrivals = (PoissonArrivals(config.online_rate_per_s, config.seed)
-                if config.online_rate_per_s > 0 else None)
     if policy in ("gated", "naive_split"):
         lanes = ["online"] * (arrivals is not None) + ["offline"] * config.max_in_flight
     else:
         lanes = ["any"] * config.max_in_flight
-    scheduler = Scheduler(OnlineQueue(config.queue_capacity, config.slo_s), arrivals,
-                          CostModel(config.max_batch), config.dataset_size,
-                          online_costs=CostModel(config.max_batch))
     executor = (CudaExecutor(workload) if config.device == "cuda"
                 else CpuExecutor(workload, config.intra_op_threads, config.online_priority))
     return Filler(monitor, guard, admission, scheduler, executor, lanes)

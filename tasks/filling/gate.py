@@ -11,10 +11,12 @@ starts before the guard has its solo baseline, nor while it re-measures it.
 
 The online lane (one thread, one chunk at a time) runs next to the offline lanes, so a request
 never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance.
-Otherwise it waits for the next bubble, unless that is predicted to open more than
-`online_max_wait_s` from now (monitor.predicted_wait_s: the rest of the compute phase, or the rest
-of a bubble the chunk does not fit plus a compute phase): then it may run at once from the online
-reserve, a token bucket of inference-seconds outside bubbles that fills at
+Otherwise it waits for the next bubble, unless the oldest queued request's wait so far plus the
+time until that bubble is predicted to open (monitor.predicted_wait_s: the rest of the compute
+phase, or the rest of a bubble the chunk does not fit plus a compute phase) exceeds
+`online_max_wait_s`; a compute phase that overruns its prediction thus cannot stretch a wait past
+the bound (the waiting lane looks again every quarter of it). Then it may run at once from the
+online reserve, a token bucket of inference-seconds outside bubbles that fills at
 `online_reserve * budget` per second of wall time (at most `online_reserve` * 1 s saved up: the
 guard's budget slows the refill, it does not shrink what the bucket holds) and is charged, when a
 chunk ends, with the part of it that ran outside bubbles. So a request waits at most about
@@ -55,8 +57,9 @@ class Admission(Protocol):
 class Gate:
     def __init__(self, monitor: BubbleMonitor, guard: StepTimeGuard, max_in_flight: int,
                  margin: float, margin_s: float = 0.0, online_reserve: float = 0.0,
-                 online_max_wait_s: float = 0.0):
+                 online_max_wait_s: float = 0.0, waited_s: Callable[[float], float] | None = None):
         self.monitor = monitor
+        self.waited_s = waited_s or (lambda now: 0.0)  # clock -> the oldest queued request's wait so far
         self.guard = guard
         self.max_in_flight = max_in_flight
         self.margin = margin
@@ -93,7 +96,7 @@ class Gate:
                              self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
         bubble_s = self._bubble_allowance_s(1.0)
-        if self.guard.calibrating or self.monitor.predicted_wait_s(now) <= self.online_max_wait_s:
+        if self.guard.calibrating or self.waited_s(now) + self.monitor.predicted_wait_s(now) <= self.online_max_wait_s:
             return bubble_s
         return max(bubble_s, self.reserve_s)
 
@@ -131,7 +134,7 @@ class Gate:
 
     def wait(self, lane: str, timeout_s: float) -> None:
         with self.monitor.changed:
-            if lane == "online":  # any bubble edge may make room: retry on each
-                self.monitor.changed.wait(timeout_s)
+            if lane == "online":  # any bubble edge may make room, and a request's wait nears its bound
+                self.monitor.changed.wait(min(timeout_s, max(0.0005, self.online_max_wait_s / 4)))
             else:
                 self.monitor.changed.wait_for(self._worth_trying, timeout_s)

@@ -110,6 +110,9 @@ class OnlineQueue:
     def take(self, n: int) -> list[float]:
         return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
 
+    def oldest_arrival_s(self) -> float | None:
+        return self._queue[0] if self._queue else None
+
 
 class PoissonArrivals:
     """A seeded Poisson arrival process at `rate_per_s`, released as wall time passes it; nothing
@@ -185,6 +188,13 @@ class Scheduler:
             start = self._offline_cursor
             self._offline_cursor = (start + n) % self.dataset_size
             return Chunk("offline", n, costs.predict_s(n), now_s, offline_start=start, lane=lane)
+
+    def oldest_wait_s(self, now_s: float) -> float:
+        """How long the oldest queued request has waited (0 with none queued)."""
+        with self._lock:
+            self.admit_arrivals(now_s)
+            oldest = self.queue.oldest_arrival_s()
+        return 0.0 if oldest is None else max(0.0, now_s - oldest)
 
     def cost_model(self, lane: str) -> CostModel:
         return self.online_costs if lane == "online" else self.costs
