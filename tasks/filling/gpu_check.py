@@ -9,9 +9,9 @@ In about five minutes on one GPU it runs, in this order:
 3. profile: one workload's training step (CUDA events) and peak memory
    (torch.cuda.max_memory_allocated) at a few batch sizes, the memory fit (Eq. 10) and the
    largest batch the GPU holds;
-4. train: a short run of the runtime on the local provider (a PS and two workers on this GPU, links
-   shaped to a tenth of the type's NIC) whose workers fill their bubbles with ResNet-50 inference,
-   with the harvest and the compute slowdown they report.
+4. train: a short run of the runtime on the local provider (a PS and one worker on this GPU, links
+   shaped to a tenth of the type's NIC) whose worker fills its bubbles with ResNet-50 inference,
+   with the harvest and the compute slowdown it reports.
 A failing section records its error (one line) and the others still run. Before anything starts:
 no CUDA device -> one line, exit 2; inference models that do not fit the GPU's free memory -> one
 line naming the model, exit 2. Nothing reached from here imports Prefect or boto3.
@@ -41,9 +41,12 @@ TARGETS = {
 FILLING_MAX_S = 100.0  # no filling round starts after this (>= 3 rounds run regardless)
 MIN_ROUNDS = 3  # the retained figure is a median over at least this many rounds
 PROFILE_WORKLOAD, PROFILE_BATCHES = "resnet110-cifar100", (64, 128, 256, 512)
-TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE, TRAIN_WORKERS = "resnet110-cifar100", 128, "p3.2xlarge", 2
+TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE = "resnet110-cifar100", 128, "p3.2xlarge"
+# One worker: on a cluster each worker has its GPU to itself. Two on one GPU would each count the
+# other's inference as its own slowdown (stream priorities order work within a process only).
+TRAIN_WORKERS = 1
 TRAIN_WINDOW_S = 40.0  # training time after the first update
-TRAIN_FIRST_UPDATE_S = 90.0  # two workers start, build the model on the GPU and push once within this
+TRAIN_FIRST_UPDATE_S = 90.0  # the worker starts, builds the model on the GPU and pushes once within this
 TRAIN_BANDWIDTH_SCALE = 0.1  # links at a tenth of the NIC: push + pull of 7 MB takes ~0.1 s
 TRAIN_FILL = {"model": "resnet50", "max_batch": 32, "dataset_size": 128, "slo_s": 0.05,
               "online_rate_per_s": 10.0, "margin_s": 0.001}
