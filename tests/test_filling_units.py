@@ -325,6 +325,24 @@ def test_the_wait_bound_counts_what_a_request_has_waited_not_only_what_is_predic
     assert gate.start("online", fits(0.001)) == 0.001
 
 
+def test_a_waiting_online_lane_looks_again_within_the_bound_only_while_a_request_waits():
+    """With a request queued the lane re-checks every quarter of the bound (its wait may reach
+    the bound before any bubble edge); with none it sleeps the whole timeout, not busy-polling."""
+    import time as _time
+
+    monitor = BubbleMonitor(quantile=0.5)
+    waited = {"s": 0.001}
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0, online_reserve=0.02,
+                online_max_wait_s=0.004, waited_s=lambda now: waited["s"])
+    t0 = _time.monotonic()
+    gate.wait("online", 30.0)
+    assert _time.monotonic() - t0 < 20.0  # woke for the queued request, long before the timeout
+    waited["s"] = 0.0
+    t0 = _time.monotonic()
+    gate.wait("online", 0.3)
+    assert _time.monotonic() - t0 >= 0.29  # nothing queued: no early wake-ups
+
+
 def test_the_scheduler_says_how_long_its_oldest_request_has_waited():
     queue = OnlineQueue(capacity=4, slo_s=1.0)
     scheduler = Scheduler(queue, None, CostModel(8), dataset_size=16)

@@ -134,7 +134,9 @@ class Gate:
 
     def wait(self, lane: str, timeout_s: float) -> None:
         with self.monitor.changed:
-            if lane == "online":  # any bubble edge may make room, and a request's wait nears its bound
-                self.monitor.changed.wait(min(timeout_s, max(0.0005, self.online_max_wait_s / 4)))
+            if lane == "online":  # any bubble edge may make room: retry on each
+                if self.waited_s(self.monitor.clock()) > 0:  # and a queued request nears its bound
+                    timeout_s = min(timeout_s, max(0.0005, self.online_max_wait_s / 4))
+                self.monitor.changed.wait(timeout_s)
             else:
                 self.monitor.changed.wait_for(self._worth_trying, timeout_s)
