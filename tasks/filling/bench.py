@@ -59,7 +59,11 @@ INFERENCE = {
     # refilled at the guard's budget) bounds what training pays. A bound as long as the compute
     # phase keeps training whole but puts the p95 at the compute phase, on a fast machine no
     # better than naive co-location's (docs/filling.md, "Online latency on a CPU").
-    "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 2,
+    # One intra-op thread per lane, as FillConfig's default: a lane with two would start a second
+    # OpenMP team in the process, and once teams' threads outnumber the cores libgomp cuts every
+    # team's spin-wait, training's too (its compute phase ran 1.2-1.3x slower with such a filler
+    # at work, 2-2.6x with it paused; docs/filling.md, Executor).
+    "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 1,
             "online_max_wait_s": 0.004},
     # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
     # during it waits for the bubble unless its wait would pass 25 ms in all (half the SLO); the online

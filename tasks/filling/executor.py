@@ -9,6 +9,10 @@ leaves the training thread at its own count), so each lane pins its own count wi
 training's: `intra_op_threads` for offline and shared lanes, one for an online lane (its chunks
 are a few requests: 0.65 ms for one CNN request on one thread here, 0.49 ms on two, so a second
 thread buys little and would take the other core from training when it runs outside a bubble).
+Keep offline lanes at one thread where training's threads fill the cores: a lane on two starts a
+second OpenMP team, and once the teams' threads outnumber the cores libgomp shortens every team's
+spin-wait, so training's own threads sleep and wake between its parallel regions (its compute
+phase ran 1.2-1.3x slower next to such a lane, and 2-2.6x while the lane sat paused).
 With `online_priority="realtime"` the online lane's thread runs SCHED_FIFO: during training's
 compute a request then preempts training's threads (1.3-1.6 ms at the median, measured) instead of
 sharing the cores with them (5-8 ms); the gate's online reserve bounds how much of training's time
