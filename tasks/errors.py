@@ -1,6 +1,12 @@
 """Errors that mean "the input is wrong": the CLI turns them into one line and exit status 2."""
 
 
+def error_line(err: BaseException | None) -> str | None:
+    """An exception as one line (its type and the first line of its message), None for none: what
+    a long run records of a part that failed while the rest goes on."""
+    return None if err is None else f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
+
+
 class UserInputError(ValueError):
     """Bad input from a user: a profile field, a CLI value, an unreachable target."""
 

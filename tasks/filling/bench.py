@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import UserInputError
+from tasks.errors import UserInputError, error_line
 from tasks.filling.attach import FillConfig, assemble, check_memory_fits
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.trainloop import TrainingJob
@@ -325,11 +325,6 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     }
     result["plot"] = _plot(result, artifact)
     return result
-
-
-def error_line(err: BaseException | None) -> str | None:
-    """An exception as one line (its type and the first line of its message), None for none."""
-    return None if err is None else f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
 
 
 def _device_name(device: str) -> str:

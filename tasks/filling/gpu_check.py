@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tasks.errors import UserInputError
+from tasks.errors import UserInputError, error_line
 from tasks.filling import bench as filling_bench
 
 # key of the filling result -> (comparison, threshold): the issue's targets on a GPU
@@ -173,11 +173,10 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
     if device == "cuda":
         _require_cuda()
     from tasks.filling.attach import CONFIG_ENV, read_worker_metrics
-    from tasks.providers.local import LocalProvider
+    from tasks.providers.local import REPO, LocalProvider
     from tasks.runtime import driver
 
-    provider = (LocalProvider(artifacts_dir, bandwidth_scale=TRAIN_BANDWIDTH_SCALE) if artifacts_dir
-                else LocalProvider(bandwidth_scale=TRAIN_BANDWIDTH_SCALE))
+    provider = LocalProvider(artifacts_dir or REPO / "artifacts", bandwidth_scale=TRAIN_BANDWIDTH_SCALE)
     run_id = time.strftime("gpu-check-%Y%m%dT%H%M%S")
     run = driver.start_run(provider, run_id, workload, workload_options=options)
     metrics_dir = run.run_dir / "filling"
@@ -254,7 +253,7 @@ def run_bench(quick: bool = True) -> dict:
         try:
             result[name] = section()
         except Exception as err:  # keep the other sections' numbers; say what broke, in one line
-            result[name] = {"error": filling_bench.error_line(err)}
+            result[name] = {"error": error_line(err)}
         result[name]["section_s"] = time.perf_counter() - t0
         # each section's numbers as soon as it ends, so a check killed at its limit keeps them
         print(f"bench gpu: {name}: {json.dumps(json_safe(result[name]))}", file=sys.stderr, flush=True)

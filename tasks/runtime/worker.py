@@ -100,9 +100,10 @@ class LinkLost(Exception):
     error) ends the worker with its message instead of looking like a lost PS."""
 
 
-def _links(op: Callable[[], None]) -> None:
+@contextlib.contextmanager
+def _link_errors():
     try:
-        op()
+        yield
     except RuntimeError as err:
         raise LinkLost(str(err)) from err
 
@@ -133,16 +134,18 @@ class Shards:
             work.wait()
 
     def send(self, headers: list[torch.Tensor], vector: torch.Tensor | None = None) -> None:
-        _links(lambda: self._wait([link.start_send(h) for link, h in zip(self.links, headers)]))
-        if vector is not None:
-            _links(lambda: self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)]))
+        with _link_errors():
+            self._wait([link.start_send(h) for link, h in zip(self.links, headers)])
+            if vector is not None:
+                self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
 
     def receive(self, state: torch.Tensor) -> bool:
         """The shards' replies into self.replies; True and `state` filled when all say continue."""
-        _links(lambda: self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)]))
-        if any(h[0].item() == wire.STOP for h in self.replies):
-            return False
-        _links(lambda: self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)]))
+        with _link_errors():
+            self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)])
+            if any(h[0].item() == wire.STOP for h in self.replies):
+                return False
+            self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
         return True
 
     def leave(self, reason: str) -> None:
