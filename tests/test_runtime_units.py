@@ -284,3 +284,21 @@ def test_overhead_row_puts_the_runtime_against_the_plain_step_and_the_link():
     assert row["compute_less_bus_over_plain_step"] == pytest.approx(1.1)
     assert row["link_bound_step_s"] == pytest.approx(0.1 + 0.02 + 0.04)
     assert row["ratio_to_link_bound"] == pytest.approx(0.16 / 0.2)
+
+
+def test_a_worker_takes_no_id_until_the_ps_has_seeded_its_ids():
+    """A restarted PS listens before it re-seeds the id counter from its checkpoint; a worker that
+    took an id in between would share it with a worker of the PS's first life (and wait on a link
+    the PS never builds). Registration waits for the PS to say it serves."""
+    from tasks.runtime import wire
+    from tasks.runtime.driver import free_port
+
+    port = free_port()
+    store = wire.host_store(port, 30)
+    with pytest.raises(RuntimeError):
+        wire.register("127.0.0.1", port, {"batch_size": 8}, connect_timeout_s=0.5)
+    assert int(store.add(wire.COUNTER_KEY, 0)) == 0  # it took no id
+    store.add(wire.COUNTER_KEY, 3)  # what a PS resumed with three workers behind it does first
+    store.set(wire.SERVING_KEY, "1")
+    worker_id, _ = wire.register("127.0.0.1", port, {"batch_size": 8}, connect_timeout_s=5)
+    assert worker_id == 4

@@ -342,6 +342,7 @@ class ParameterServer:
         c = self.config
         if self.next_worker_id:
             store.add(wire.COUNTER_KEY, self.next_worker_id)  # ids stay unique across restarts
+        store.set(wire.SERVING_KEY, "1")  # only now may workers take ids
         _write_json_atomic(self.dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()

@@ -36,6 +36,9 @@ CONTINUE, STOP = 0.0, 1.0
 LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done", 4.0: "rejoin"}  # rejoin: a half-done join
 REASON_CODES = {name: code for code, name in LEAVE_REASONS.items()}
 COUNTER_KEY = "worker_counter"
+# Set by the PS once its worker ids are seeded (a restarted PS continues after the ids it had):
+# a worker that took an id from the store before that would collide with an earlier worker's id.
+SERVING_KEY = "serving"
 
 
 def new_header() -> torch.Tensor:
@@ -80,11 +83,19 @@ def host_store(port: int, timeout_s: float) -> TCPStore:
 def join(host: str, port: int, description: dict, connect_timeout_s: float, op_timeout_s: float) -> tuple[int, TCPStore, Link]:
     """Register with the PS at host:port under a fresh id and build the private link.
     Raises TimeoutError (or RuntimeError from torch) when the PS cannot be reached in time."""
+    worker_id, store = register(host, port, description, connect_timeout_s)
+    return worker_id, store, Link(store, worker_id, 1, op_timeout_s)
+
+
+def register(host: str, port: int, description: dict, connect_timeout_s: float) -> tuple[int, TCPStore]:
+    """Take a fresh worker id from a PS that serves (not from a store that listens while the PS
+    has yet to seed its ids) and post the worker's description under it."""
     wait_listening(host, port, connect_timeout_s)
     store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=connect_timeout_s))
+    store.wait([SERVING_KEY], datetime.timedelta(seconds=connect_timeout_s))
     worker_id = int(store.add(COUNTER_KEY, 1))
     store.set(f"join/{worker_id}", json.dumps(description))
-    return worker_id, store, Link(store, worker_id, 1, op_timeout_s)
+    return worker_id, store
 
 
 def wait_listening(host: str, port: int, timeout_s: float) -> None:
