@@ -188,35 +188,43 @@ def echo(port: int, numel: int, repeats: int) -> None:
         group.send([x], 0, 0).wait()
 
 
-def bus_copy_s(numel: int, device: str, repeats: int = 5) -> float:
-    """One crossing of the bus each way for a vector of `numel` floats through pinned host memory
-    (the worker's push copy and pull copy), median seconds; 0 off CUDA, where there is no bus."""
+def bus_copy_s(numel: int, device: str, repeats: int = 5) -> tuple[float, float]:
+    """One crossing of the bus for a vector of `numel` floats through pinned host memory, each way
+    alone: (to the device: the pull's copy, to the host: the push's), median seconds; zeros off
+    CUDA, where there is no bus."""
     if device != "cuda":
-        return 0.0
+        return 0.0, 0.0
     import torch
 
     host = torch.empty(numel, pin_memory=True)
     on_device = torch.empty(numel, device="cuda")
-    times = []
-    for _ in range(repeats + 1):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        host.copy_(on_device, non_blocking=True)
-        on_device.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+
+    def median_s(copy) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    return (median_s(lambda: on_device.copy_(host, non_blocking=True)),
+            median_s(lambda: host.copy_(on_device, non_blocking=True)))
 
 
-def case_result(case: Case, measured: dict, vector_mb: float, loopback: float, bus_s: float = 0.0) -> dict:
+def case_result(case: Case, measured: dict, vector_mb: float, loopback: float,
+                bus_s: tuple[float, float] = (0.0, 0.0)) -> dict:
     """One case's row: rates, their ratio, where a runtime step goes, the link against loopback,
-    and the step this machine's links allow (the plain step, the bus copies, push + pull at the
-    loopback's rate: nothing of it overlaps in the worker's loop)."""
+    and the link bound: the step this machine's links would allow if nothing overlapped (the
+    plain step, both bus copies, push + pull at the loopback's rate). The worker overlaps its push
+    with backward (push.py), so it can beat the bound."""
     plain_s, runtime_s, updates = measured["plain_step_s"], measured["runtime_step_s"], measured["updates"]
     comm_s = statistics.median(r["comm_s"] for r in updates)
     compute_s = statistics.median(r["compute_s"] for r in updates)
     plain_step_s, runtime_step_s = statistics.median(plain_s), statistics.median(runtime_s)
-    bound_s = plain_step_s + bus_s + 2 * vector_mb / 1e3 / loopback
+    to_device_s, to_host_s = bus_s
+    bound_s = plain_step_s + to_device_s + to_host_s + 2 * vector_mb / 1e3 / loopback
     return {
         "case": case.label,
         "vector_mb": vector_mb,
@@ -228,10 +236,12 @@ def case_result(case: Case, measured: dict, vector_mb: float, loopback: float, b
         "plain_step_s": plain_step_s,
         "worker_compute_s": compute_s,
         "compute_over_plain_step": compute_s / plain_step_s,
-        # on CUDA the worker's compute phase holds both bus copies (the push's, and the pull's,
-        # queued ahead of the forward); without them it is the same kernels as the plain step
-        "bus_copy_s": bus_s,
-        "compute_less_bus_over_plain_step": (compute_s - bus_s) / plain_step_s,
+        # on CUDA the worker's compute phase holds the pull's bus copy (queued ahead of the
+        # forward; the push's copies run on a copy stream during backward and after it): without
+        # it, it is the same kernels as the plain step
+        "bus_copy_s": to_device_s + to_host_s,
+        "bus_to_device_s": to_device_s,
+        "compute_less_bus_over_plain_step": (compute_s - to_device_s) / plain_step_s,
         "link_bound_step_s": bound_s,
         "ratio_to_link_bound": bound_s / runtime_step_s,
         "push_pull_s": comm_s,

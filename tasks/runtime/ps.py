@@ -44,6 +44,7 @@ from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.lifetime import pid_alive
+from tasks.runtime.push import pieces
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
@@ -214,11 +215,11 @@ class ParameterServer:
 
     def apply(self, worker_id: int, instance_type: str, header: torch.Tensor, push: torch.Tensor, batch_size: int) -> bool:
         """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
-        _, step, samples, loss, base_version, compute_s, comm_s, _, epoch, stop_epoch = header.tolist()
+        _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch = header.tolist()
         with self.lock:
             if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
                 return False
-            if self.stopping:
+            if self.stopping or dropped == wire.DROPPED:
                 return False
             staleness = self.version - int(base_version)
             self.rule.observe(loss)
@@ -298,6 +299,7 @@ class ParameterServer:
         header = wire.new_header()
         push = torch.empty(self.flat_size)
         nbytes = push.numel() * push.element_size()
+        cut = pieces(self.flat_size, max(1, int(desc.get("push_piece_numel") or self.flat_size)))
         try:
             while True:
                 link.recv(header)
@@ -306,8 +308,11 @@ class ParameterServer:
                     reason = wire.LEAVE_REASONS.get(header[7].item(), "done")
                     return
                 applied = False
-                if kind == wire.PUSH:
-                    link.recv(push)
+                if kind == wire.PUSH:  # header, the pieces (push.py), then the trailer: a header with the times
+                    works = [link.start_recv(push[lo:hi], tag) for tag, (lo, hi) in enumerate(cut, start=1)]
+                    link.recv(header)
+                    for work in works:
+                        work.wait()
                     self.shaper.transfer(worker_id, nbytes)
                     applied = self.apply(worker_id, instance_type, header, push, desc["batch_size"])
                 reply = wire.new_header()

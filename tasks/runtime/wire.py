@@ -5,15 +5,18 @@ the PS hosts a TCPStore; a worker joining takes a fresh id from the store's coun
 description under `join/<id>`, and both sides build `ProcessGroupGloo(PrefixStore("w<id>/", store),
 rank, 2)`: PS rank 0, worker rank 1. Workers join and leave without touching anyone else's group.
 
-Messages (torch.distributed send/recv on that group):
+Messages (torch.distributed send/recv on that group; headers on tag 0):
 worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute_s, comm_s, reason,
-    epoch, stop_epoch], then for PUSH the PS's range of the flat float32 vector (flat.py) of
-    gradients followed by the worker's floating-point buffers (BatchNorm statistics).
+    epoch, stop_epoch]. A PUSH is that header as compute starts, then the PS's range of the flat
+    float32 vector (flat.py) of gradients followed by the worker's floating-point buffers
+    (BatchNorm statistics), in pieces of `push_piece_numel` elements (from the worker's join
+    description) on tags 1, 2, ... as backward finishes them (push.py), then the header again, now
+    with the loss and the times (the trailer), after which the PS applies it (unless its slot 7 is
+    DROPPED).
 PS -> worker: a float64 header [status, version, lr, applied (1.0 when the push just received was
     applied and counted), epoch, stop_epoch, 0...]; with status CONTINUE the PS's range of the flat
-    float32 vector of parameters followed by buffers. `epoch` and `stop_epoch` (0: none) carry the
-    sharded PS's consistent cuts (ps.py); a single PS leaves them 0.
-Each message is one tensor: the vector travels as one gloo message, whatever the model's size.
+    float32 vector of parameters followed by buffers, one message. `epoch` and `stop_epoch` (0:
+    none) carry the sharded PS's consistent cuts (ps.py); a single PS leaves them 0.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ HEADER_LEN = 10
 EPOCH, STOP_EPOCH = 8, 9  # header slots of the sharded PS's epoch protocol (both directions)
 PUSH, LEAVE, PULL = 1.0, 2.0, 3.0
 CONTINUE, STOP = 0.0, 1.0
+DROPPED = 1.0  # slot 7 of a push's trailer: the worker withdraws this push (push.py); it is not applied
 LEAVE_REASONS = {1.0: "notice", 2.0: "terminated", 3.0: "done", 4.0: "rejoin"}  # rejoin: a half-done join
 REASON_CODES = {name: code for code, name in LEAVE_REASONS.items()}
 COUNTER_KEY = "worker_counter"
@@ -64,12 +68,13 @@ class Link:
     def recv(self, tensor: torch.Tensor) -> None:
         self.group.recv([tensor], self.peer, 0).wait()
 
-    def start_send(self, tensor: torch.Tensor):
-        """Begin a send and return its work (`.wait()`): transfers to several PS shards overlap."""
-        return self.group.send([tensor], self.peer, 0)
+    def start_send(self, tensor: torch.Tensor, tag: int = 0):
+        """Begin a send and return its work (`.wait()`): transfers to several PS shards, and the
+        pieces of one push (push.py, each on its own tag), are in flight together."""
+        return self.group.send([tensor], self.peer, tag)
 
-    def start_recv(self, tensor: torch.Tensor):
-        return self.group.recv([tensor], self.peer, 0)
+    def start_recv(self, tensor: torch.Tensor, tag: int = 0):
+        return self.group.recv([tensor], self.peer, tag)
 
 
 def host_store(port: int, timeout_s: float) -> TCPStore:

@@ -38,6 +38,7 @@ from tasks.errors import UserInputError
 from tasks.phases import NoListener, PhaseListener
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
+from tasks.runtime.push import PIECE_MB, Pusher, piece_numel_for
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
 
@@ -62,6 +63,7 @@ class WorkerConfig:
     max_steps: int | None = None  # leave after this many iterations (tests, profiling)
     watch_pid: int | None = None  # leave when this process (the local orchestrator) is gone
     more_ps: list[tuple[str, int]] = field(default_factory=list)  # shards 1..k-1 of a sharded PS
+    push_piece_mb: float = PIECE_MB  # the push leaves in pieces of this size during backward (push.py)
 
 
 @dataclass
@@ -117,7 +119,8 @@ class Shards:
         # each shard shapes its share of this worker's NIC: the transfers to all shards run at once
         nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
         description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
-                       "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid()}
+                       "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid(),
+                       "push_piece_numel": piece_numel_for(config.push_piece_mb)}
         self.links: list[wire.Link] = []
         try:
             for host, port in addresses:
@@ -133,11 +136,9 @@ class Shards:
         for work in works:
             work.wait()
 
-    def send(self, headers: list[torch.Tensor], vector: torch.Tensor | None = None) -> None:
+    def send(self, headers: list[torch.Tensor]) -> None:
         with _link_errors():
             self._wait([link.start_send(h) for link, h in zip(self.links, headers)])
-            if vector is not None:
-                self._wait([link.start_send(vector[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
 
     def receive(self, state: torch.Tensor) -> bool:
         """The shards' replies into self.replies; True and `state` filled when all say continue."""
@@ -234,11 +235,14 @@ def prefetched(items, prepare: Callable, depth: int = 2):
 def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
     """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
     vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
-    CUDA each crosses the bus once, through a pinned host copy."""
+    CUDA each crosses the bus once, through a pinned host copy. The push leaves in pieces during
+    backward (push.py)."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
         raise UserInputError(f"relative speed must be positive, got {config.relative_speed}")
+    if config.push_piece_mb <= 0:
+        raise UserInputError(f"push piece size must be positive, got {config.push_piece_mb} MB")
     listener = listener or NoListener()
     leave_flag = leave_flag or _LeaveFlag()
     workload = build_workload(config.workload, config.workload_options)
@@ -261,6 +265,9 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
         ) from None
 
+    pusher = Pusher(list(model.parameters()), shards.ranges, flat_model.layout.param_numel,
+                    flat_model.push, host_push, piece_numel_for(config.push_piece_mb))
+
     def pull() -> bool:
         if not shards.receive(host_state):
             return False
@@ -268,75 +275,80 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             flat_model.state.copy_(host_state, non_blocking=True)  # ordered before the next forward
         return True
 
-    step = samples_accepted = rejoins = 0
-    comm_s = -1.0  # the previous iteration's push+pull; none before the first
-    need_pull = True
-    while True:
-        try:
-            if need_pull:
-                shards.send(shards.headers([wire.PULL]))
-                if not pull():
-                    return WorkerResult("stop", step, samples_accepted, rejoins)
-                need_pull = False
-            leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
-            if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
-                leave = "terminated"
-            if leave is None and config.max_steps is not None and step >= config.max_steps:
-                leave = "done"
-            if leave:
-                shards.leave(leave)
-                return WorkerResult(leave, step, samples_accepted, rejoins)
+    try:
+        step = samples_accepted = rejoins = 0
+        comm_s = -1.0  # the previous iteration's push+pull; none before the first
+        need_pull = True
+        while True:
+            try:
+                if need_pull:
+                    shards.send(shards.headers([wire.PULL]))
+                    if not pull():
+                        return WorkerResult("stop", step, samples_accepted, rejoins)
+                    need_pull = False
+                leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
+                if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
+                    leave = "terminated"
+                if leave is None and config.max_steps is not None and step >= config.max_steps:
+                    leave = "done"
+                if leave:
+                    shards.leave(leave)
+                    return WorkerResult(leave, step, samples_accepted, rejoins)
 
-            listener.compute_start(step)
-            t0 = time.monotonic()
-            inputs, targets = next(batches)
-            loss = workload.loss_fn(model(inputs), targets)
-            flat_model.zero_grad()
-            loss.backward()
-            push = flat_model.fill_push_buffers()
-            if on_cuda:
-                host_push.copy_(push, non_blocking=True)
-                torch.cuda.current_stream(device).synchronize()
-            loss_value = loss.item()
-            real_s = time.monotonic() - t0
-            target_s = (config.reference_compute_s or real_s) / config.relative_speed
-            if target_s > real_s:
-                time.sleep(target_s - real_s)
-            compute_s = time.monotonic() - t0
-            listener.compute_end(step)
+                listener.compute_start(step)
+                t0 = time.monotonic()
+                with _link_errors():
+                    pusher.start(shards.links, shards.headers([wire.PUSH, step, config.batch_size]))
+                inputs, targets = next(batches)
+                loss = workload.loss_fn(model(inputs), targets)
+                flat_model.zero_grad()
+                loss.backward()
+                flat_model.fill_push_buffers()
+                pusher.compute_done()
+                loss_value = loss.item()
+                real_s = time.monotonic() - t0
+                target_s = (config.reference_compute_s or real_s) / config.relative_speed
+                if target_s > real_s:
+                    time.sleep(target_s - real_s)
+                compute_s = time.monotonic() - t0
+                listener.compute_end(step)
 
-            listener.comm_start(step)
-            t1 = time.monotonic()
-            shards.send(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s]), host_push)
-            more = pull()
-            if shards.replies[0][3].item() == 1.0:
-                samples_accepted += config.batch_size
-            if not more:
+                listener.comm_start(step)
+                t1 = time.monotonic()
+                with _link_errors():
+                    pusher.finish(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s,
+                                                  wire.DROPPED if pusher.dropped else 0.0]))
+                more = pull()
+                if shards.replies[0][3].item() == 1.0:
+                    samples_accepted += config.batch_size
+                if not more:
+                    listener.comm_end(step)
+                    return WorkerResult("stop", step + 1, samples_accepted, rejoins)
+                comm_s = time.monotonic() - t1
                 listener.comm_end(step)
-                return WorkerResult("stop", step + 1, samples_accepted, rejoins)
-            comm_s = time.monotonic() - t1
-            listener.comm_end(step)
-            step += 1
-        except LinkLost as err:  # a PS went away: rejoin all shards when they are back
-            sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
-            deadline_s = time.monotonic() + config.reconnect_timeout_s
-            while True:
-                if leave_flag.reason or (config.watch_pid and not pid_alive(config.watch_pid)):
-                    # told to go while the PS is away: there is nobody to tell
-                    return WorkerResult(leave_flag.reason or "terminated", step, samples_accepted, rejoins)
-                try:
-                    shards = Shards(config, numel, min(1.0, config.reconnect_timeout_s))
-                    break
-                except (RuntimeError, TimeoutError):
-                    if time.monotonic() >= deadline_s:
-                        raise SystemExit(
-                            f"spotfill worker: the parameter server at {config.ps_host}:{config.ps_port} "
-                            f"did not come back within {config.reconnect_timeout_s:g} s"
-                        ) from None
-                    time.sleep(0.5)
-            rejoins += 1
-            need_pull = True
-            comm_s = -1.0
+                step += 1
+            except LinkLost as err:  # a PS went away: rejoin all shards when they are back
+                sys.stderr.write(f"spotfill worker: lost the parameter server ({str(err).splitlines()[0][:100]}); rejoining\n")
+                deadline_s = time.monotonic() + config.reconnect_timeout_s
+                while True:
+                    if leave_flag.reason or (config.watch_pid and not pid_alive(config.watch_pid)):
+                        # told to go while the PS is away: there is nobody to tell
+                        return WorkerResult(leave_flag.reason or "terminated", step, samples_accepted, rejoins)
+                    try:
+                        shards = Shards(config, numel, min(1.0, config.reconnect_timeout_s))
+                        break
+                    except (RuntimeError, TimeoutError):
+                        if time.monotonic() >= deadline_s:
+                            raise SystemExit(
+                                f"spotfill worker: the parameter server at {config.ps_host}:{config.ps_port} "
+                                f"did not come back within {config.reconnect_timeout_s:g} s"
+                            ) from None
+                        time.sleep(0.5)
+                rejoins += 1
+                need_pull = True
+                comm_s = -1.0
+    finally:
+        pusher.close()
 
 
 def _env_float(name: str) -> float | None:
@@ -365,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
     p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
     p.add_argument("--max-steps", type=positive_int, default=None)
+    p.add_argument("--push-piece-mb", type=positive_float, default=PIECE_MB,
+                   help="the push leaves in pieces of this size while backward runs (docs/runtime.md)")
     p.add_argument("--fill", action="store_true", help="fill communication bubbles with inference (docs/filling.md)")
     p.add_argument("--fill-online-rate", type=float, default=10.0, help="online inference requests per second")
     p.add_argument("--fill-online-slo-s", type=positive_float, default=0.25, help="online latency SLO")
@@ -415,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
+            push_piece_mb=args.push_piece_mb,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
