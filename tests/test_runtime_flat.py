@@ -19,11 +19,15 @@ def test_bind_makes_parameters_buffers_and_gradients_views_of_two_flat_vectors()
     before = [t.detach().clone() for t in flat.synced_tensors(model)[0] + flat.synced_tensors(model)[1]]
     fm = flat.bind(model)
     params, buffers = flat.synced_tensors(model)
-    assert fm.layout == flat.Layout(sum(p.numel() for p in params), sum(b.numel() for b in buffers))
+    offsets = fm.layout.offsets
+    assert len(offsets) == len(params + buffers) and offsets[0] == 0
+    assert all(b - a >= t.numel() for a, b, t in zip(offsets, offsets[1:], params + buffers))  # in order, no overlap
+    assert fm.layout.param_numel == offsets[len(params)] and fm.layout.numel >= offsets[-1] + buffers[-1].numel()
     assert fm.layout.buffer_numel > 0  # BatchNorm statistics travel too
     start, end = fm.state.data_ptr(), fm.state.data_ptr() + fm.state.numel() * 4
     for t, old in zip(params + buffers, before):
         assert start <= t.data_ptr() < end and torch.equal(t, old)  # a view, values kept
+        assert (t.data_ptr() - start) % 64 == 0  # on a 64-byte boundary, as a tensor of its own is
     fm.state.fill_(0.5)
     assert all(bool((t == 0.5).all()) for t in params + buffers)  # a pull into state lands in the model
     x = torch.randn(4, 3, 32, 32)
@@ -32,7 +36,10 @@ def test_bind_makes_parameters_buffers_and_gradients_views_of_two_flat_vectors()
         model(x).sum().backward()
         assert all(p.grad.data_ptr() >= fm.push.data_ptr() for p in params)
     push = fm.fill_push_buffers()
-    reference = torch.cat([p.grad.reshape(-1) for p in params] + [b.reshape(-1) for b in buffers])
+    reference = fm.state.clone()  # the buffers' region as the state holds it
+    reference[:fm.layout.param_numel] = 0.0  # the gradients' gaps stay zero
+    for p, offset in zip(params, offsets):
+        reference[offset:offset + p.numel()] = p.grad.reshape(-1)
     assert torch.equal(push, reference)
 
 
@@ -61,23 +68,25 @@ def _per_tensor_reference(spec: str, options: dict, pushes: list[tuple[torch.Ten
     workload = build_workload(spec, options)
     params = list(workload.model.parameters())
     buffers = [b for b in workload.model.buffers() if b.is_floating_point()]
+    layout = flat.layout_of(workload.model)
+    param_offsets, buffer_offsets = layout.offsets[:len(params)], layout.offsets[len(params):]
     optimizer = workload.make_optimizer(params)
     version = 0
     for push, base_version, batch in pushes:
-        offset = 0
-        for p in params:
+        for p, offset in zip(params, param_offsets):
             p.grad = push[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
         with torch.no_grad():
-            for b in buffers:
+            for b, offset in zip(buffers, buffer_offsets):
                 b.copy_(push[offset:offset + b.numel()].view_as(b))
-                offset += b.numel()
         lr = workload.lr_for_batch(batch) / (1 + version - base_version) ** power
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
         version += 1
-    return torch.cat([t.detach().reshape(-1) for t in params + buffers])
+    state = torch.zeros(layout.numel)
+    for t, offset in zip(params + buffers, layout.offsets):
+        state[offset:offset + t.numel()] = t.detach().reshape(-1)
+    return state
 
 
 @pytest.mark.parametrize("spec,options", [
@@ -86,9 +95,14 @@ def _per_tensor_reference(spec: str, options: dict, pushes: list[tuple[torch.Ten
 ])
 @pytest.mark.parametrize("num_shards", [1, 2, 3])
 def test_flat_ps_step_equals_the_per_tensor_step(tmp_path, spec, options, num_shards):
-    numel = flat.layout_of(build_workload(spec, options).model).numel
+    model = build_workload(spec, options).model
+    layout = flat.layout_of(model)
+    inside = torch.zeros(layout.numel)  # a worker's push is zero in the gaps between tensors
+    for t, offset in zip(flat.synced_tensors(model)[0] + flat.synced_tensors(model)[1], layout.offsets):
+        inside[offset:offset + t.numel()] = 1.0
     g = torch.Generator().manual_seed(1)
-    pushes = [(torch.randn(numel, generator=g) * 0.1, base, batch) for base, batch in ((0, 8), (0, 16), (1, 8), (3, 4))]
+    pushes = [(torch.randn(layout.numel, generator=g) * 0.1 * inside, base, batch)
+              for base, batch in ((0, 8), (0, 16), (1, 8), (3, 4))]
     expected = _per_tensor_reference(spec, options, pushes, power=0.5)
     servers = [ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload=spec, workload_options=options,
                                         shard=i, num_shards=num_shards, async_rule="sqrt"))

@@ -64,7 +64,7 @@ def _pushes(model: nn.Module, shards: int, steps: int, before_step=lambda step: 
     clock = {"in_backward": False}
     links = [FakeLink(clock) for _ in range(shards)]
     ranges = flat.shard_ranges(bound.layout.numel, shards)
-    pusher = Pusher(list(model.parameters()), ranges, bound.layout.param_numel, bound.push, bound.push, piece_numel=20)
+    pusher = Pusher(bound, ranges, bound.push, piece_numel=20)
     out = []
     for step in range(steps):
         for link in links:

@@ -5,24 +5,39 @@ down (a pull), [gradients | buffers] up (a push). When the model's tensors are v
 vector, a pull lands directly in the model and a push is the gradient buffer itself: no per-tensor
 packing, no extra pass over the bytes. `bind` does that once, at start-up.
 
+Each tensor starts on a 64-byte boundary of the vector (ALIGN_NUMEL; the gaps are zeros and stay
+zero under every optimizer the runtime uses): a view at an odd offset would keep vectorized and
+tensor-core kernels off its tensor on a GPU, where a plain model's tensors each start on an
+allocator block.
+
 Sharded parameter servers (`num_ps` = k) each own one contiguous range of that vector; `shard_ranges`
 cuts it into k ranges of (nearly) equal bytes. The cut may fall inside a tensor: every optimizer
 the runtime uses is elementwise, so a range of a tensor is updated exactly as the whole tensor.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 
+ALIGN_NUMEL = 16  # float32 elements: 64 bytes
+
+
+def _aligned(numel: int) -> int:
+    return -(-numel // ALIGN_NUMEL) * ALIGN_NUMEL
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Where things are in the flat vector: `param_numel` parameter elements, then the buffers."""
+    """Where things are in the flat vector: the parameters' region (`param_numel` elements, gaps
+    included), then the buffers'; `offsets`: where each synced tensor starts, parameters first."""
 
     param_numel: int
     buffer_numel: int
+    offsets: tuple[int, ...]
 
     @property
     def numel(self) -> int:
@@ -37,7 +52,10 @@ def synced_tensors(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Ten
 
 def layout_of(model: nn.Module) -> Layout:
     params, buffers = synced_tensors(model)
-    return Layout(sum(p.numel() for p in params), sum(b.numel() for b in buffers))
+    sizes = [_aligned(t.numel()) for t in params + buffers]
+    offsets = tuple(itertools.accumulate([0] + sizes[:-1])) if sizes else ()
+    param_numel = sum(sizes[:len(params)])
+    return Layout(param_numel, sum(sizes) - param_numel, offsets)
 
 
 @dataclass
@@ -67,18 +85,16 @@ def bind(model: nn.Module, with_grads: bool = True) -> FlatModel:
     tensors = params + buffers
     device = tensors[0].device if tensors else torch.device("cpu")
     layout = layout_of(model)
-    state = torch.empty(layout.numel, device=device)
+    state = torch.zeros(layout.numel, device=device)  # the gaps between tensors stay zero
     push = torch.zeros(layout.numel if with_grads else 0, device=device)
-    offset = 0
     with torch.no_grad():
-        for t in tensors:
+        for t, offset in zip(tensors, layout.offsets):
             n = t.numel()
             view = state[offset:offset + n].view_as(t)
             view.copy_(t)
             t.data = view
             if with_grads and offset < layout.param_numel:
                 t.grad = push[offset:offset + n].view_as(t)
-            offset += n
     return FlatModel(model, layout, state, push)
 
 

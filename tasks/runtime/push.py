@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks.runtime.flat import FlatModel, synced_tensors
+
 PIECE_MB = 4.0  # small enough to start sending early in a 25M model's backward, large enough that a message's fixed cost is noise
 
 
@@ -68,10 +70,10 @@ class Pusher:
     transfer raises RuntimeError from `finish` (the worker takes it for a lost link), a failed
     bus copy BusCopyFailed."""
 
-    def __init__(self, params: list[torch.Tensor], ranges: list[tuple[int, int]], param_numel: int,
-                 push: torch.Tensor, host_push: torch.Tensor, piece_numel: int):
-        self.push, self.host_push = push, host_push
-        self.on_cuda = push.device.type == "cuda"
+    def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_push: torch.Tensor, piece_numel: int):
+        params, param_numel = synced_tensors(bound.model)[0], bound.layout.param_numel
+        self.push, self.host_push = bound.push, host_push
+        self.on_cuda = self.push.device.type == "cuda"
         self.pieces = [Piece(shard, tag, lo + a, lo + b)
                        for shard, (lo, hi) in enumerate(ranges)
                        for tag, (a, b) in enumerate(pieces(hi - lo, piece_numel), start=1)]
@@ -79,10 +81,8 @@ class Pusher:
         # each piece waits for (+1 for a piece holding buffers, which are filled after backward)
         self._pieces_of: dict[int, list[int]] = {}
         self._waits_for = [1 if p.hi > param_numel else 0 for p in self.pieces]
-        offset = 0
-        for index, param in enumerate(params):
-            lo, hi = offset, offset + param.numel()
-            offset = hi
+        for index, (param, lo) in enumerate(zip(params, bound.layout.offsets)):
+            hi = lo + param.numel()
             if not param.requires_grad:
                 continue
             inside = [j for j, p in enumerate(self.pieces) if p.lo < hi and lo < p.hi]
@@ -100,8 +100,8 @@ class Pusher:
         self._works: list = []
         self._error: Exception | None = None  # a send's or copy's failure, raised by finish()
         if self.on_cuda:
-            self._compute_stream = torch.cuda.current_stream(push.device)
-            self._copy_stream = torch.cuda.Stream(push.device)
+            self._compute_stream = torch.cuda.current_stream(self.push.device)
+            self._copy_stream = torch.cuda.Stream(self.push.device)
             self._queue: queue.Queue = queue.Queue()
             threading.Thread(target=self._send_ready_pieces, daemon=True, name="push").start()
 

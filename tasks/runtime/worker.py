@@ -265,8 +265,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
         ) from None
 
-    pusher = Pusher(list(model.parameters()), shards.ranges, flat_model.layout.param_numel,
-                    flat_model.push, host_push, piece_numel_for(config.push_piece_mb))
+    pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.push_piece_mb))
 
     def pull() -> bool:
         if not shards.receive(host_state):
