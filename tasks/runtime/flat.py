@@ -6,9 +6,9 @@ vector, a pull lands directly in the model and a push is the gradient buffer its
 packing, no extra pass over the bytes. `bind` does that once, at start-up.
 
 Each tensor starts on a 64-byte boundary of the vector (ALIGN_NUMEL; the gaps are zeros and stay
-zero under every optimizer the runtime uses): a view at an odd offset would keep vectorized and
-tensor-core kernels off its tensor on a GPU, where a plain model's tensors each start on an
-allocator block.
+zero under every optimizer the runtime uses): on a GPU a view at an odd offset can keep vectorized
+kernels (and some of cuBLAS's fastest) off its tensor, where a plain model's tensors each start on
+an allocator block.
 
 Sharded parameter servers (`num_ps` = k) each own one contiguous range of that vector; `shard_ranges`
 cuts it into k ranges of (nearly) equal bytes. The cut may fall inside a tensor: every optimizer
