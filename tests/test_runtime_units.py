@@ -302,3 +302,12 @@ def test_a_worker_takes_no_id_until_the_ps_has_seeded_its_ids():
     store.set(wire.SERVING_KEY, "1")
     worker_id, _ = wire.register("127.0.0.1", port, {"batch_size": 8}, connect_timeout_s=5)
     assert worker_id == 4
+
+
+def test_bench_cases_each_get_their_own_run_and_the_transformer_a_push_after_backward_reference():
+    from tasks.runtime.bench import CPU_CASES, GPU_CASES, WHOLE_PUSH_MB
+
+    for cases in (CPU_CASES, GPU_CASES):
+        assert len({case.slug for case in cases}) == len(cases)
+        whole = [case for case in cases if case.push_piece_mb == WHOLE_PUSH_MB]
+        assert [case.workload for case in whole] == ["transformer-lm"] and "push after backward" in whole[0].label

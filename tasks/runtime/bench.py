@@ -5,8 +5,8 @@
    (forward, backward, optimizer step) of the same workload, batch, optimizer and device,
    alternating in short rounds in the same run (a shared machine's load changes by the second).
    Cases: the tiny one (ResNet-20 width 16), ResNet-110 and a 25M-parameter transformer LM, at
-   sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (RESNET110_GPU_BATCH,
-   TRANSFORMER_GPU). Per case: plain and runtime samples/s (median step times) and their ratio;
+   sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (GPU_CASES); the transformer
+   also with its push sent after backward, to show what overlapping it buys. Per case: plain and runtime samples/s (median step times) and their ratio;
    the worker's compute phase against the plain step; push + pull, its effective GB/s (2 x the
    vector's bytes / push+pull time) against a raw gloo round trip of the same bytes between two
    processes on this machine (the loopback's rate); the PS's apply time per MB (telemetry).
@@ -28,11 +28,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tasks.providers.local import REPO, LocalProvider
 from tasks.runtime import driver
+from tasks.runtime.push import PIECE_MB
 from tasks.runtime.telemetry import read_records
 
 
@@ -42,21 +43,30 @@ class Case:
     workload: str
     options: dict
     batch: int
+    push_piece_mb: float = PIECE_MB  # WHOLE_PUSH_MB: one piece, sent once backward is done
+
+    @property
+    def slug(self) -> str:
+        return f"{self.workload}-b{self.batch}" + ("-whole" if self.push_piece_mb == WHOLE_PUSH_MB else "")
 
 
+WHOLE_PUSH_MB = 1e9  # a piece larger than any model: the push leaves after backward, as a reference
 TINY = Case("tiny: resnet20 width 16", "resnet20", {"width": 16}, 32)
-CPU_CASES = (
-    TINY,
-    Case("resnet110, batch 16", "resnet110", {"width": 16}, 16),
-    Case("transformer-lm 25M (d_model 512, 8 layers, seq 32), batch 2", "transformer-lm",
-         {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2),
-)
-GPU_CASES = (
-    TINY,
-    Case("resnet110, batch 128", "resnet110", {"width": 16}, 128),
-    Case("transformer-lm 25M (d_model 512, 8 layers, seq 128), batch 32", "transformer-lm",
-         {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32),
-)
+TRANSFORMER_CPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 32), batch 2", "transformer-lm",
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2)
+TRANSFORMER_GPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 128), batch 32", "transformer-lm",
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32)
+
+
+def _pushed_whole(case: Case) -> Case:
+    """The same case with its push sent after backward: what overlapping the push buys."""
+    return replace(case, label=case.label + ", push after backward", push_piece_mb=WHOLE_PUSH_MB)
+
+
+CPU_CASES = (TINY, Case("resnet110, batch 16", "resnet110", {"width": 16}, 16),
+             TRANSFORMER_CPU, _pushed_whole(TRANSFORMER_CPU))
+GPU_CASES = (TINY, Case("resnet110, batch 128", "resnet110", {"width": 16}, 128),
+             TRANSFORMER_GPU, _pushed_whole(TRANSFORMER_GPU))
 SCALING_WORKLOAD, SCALING_OPTIONS, SCALING_BATCH = "resnet20", {"width": 8}, 8
 REFERENCE_COMPUTE_S = 0.6
 PS_BANDWIDTH_MBPS = 30.0
@@ -119,7 +129,7 @@ def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str =
     torch.set_num_threads(1)
     plain = plain_loop(case, device)
     provider = LocalProvider(artifacts, bandwidth_scale=None)
-    run_id = f"overhead-{case.workload}-b{case.batch}"
+    run_id = f"overhead-{case.slug}"
     run = driver.start_run(provider, run_id, case.workload, workload_options=case.options,
                            ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
     host, port = run.ps_address.rsplit(":", 1)
@@ -134,7 +144,8 @@ def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str =
             plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
             clock = _StepClock()
             run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
-                                    instance_type=WORKER_TYPE, max_steps=steps + 1), listener=clock)
+                                    instance_type=WORKER_TYPE, max_steps=steps + 1, push_piece_mb=case.push_piece_mb),
+                       listener=clock)
             runtime_step_s += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
         driver.stop_run(run)
     finally:
