@@ -6,10 +6,11 @@
    alternating in short rounds in the same run (a shared machine's load changes by the second).
    Cases: the tiny one (ResNet-20 width 16), ResNet-110 and a 25M-parameter transformer LM, at
    sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (GPU_CASES); the transformer
-   also with its push sent after backward, to show what overlapping it buys. Per case: plain and runtime samples/s (median step times) and their ratio;
-   the worker's compute phase against the plain step; push + pull, its effective GB/s (2 x the
-   vector's bytes / push+pull time) against a raw gloo round trip of the same bytes between two
-   processes on this machine (the loopback's rate); the PS's apply time per MB (telemetry).
+   also with its push sent after backward, to show what overlapping it buys. Per case: plain and
+   runtime samples/s (median step times) and their ratio; the worker's compute phase against the
+   plain step; push + pull, its effective GB/s (2 x the vector's bytes / push+pull time) against a
+   raw gloo round trip of the same bytes between two processes on this machine (the loopback's
+   rate); the PS's apply time per MB (telemetry).
 2. Throughput against the number of workers, 1..8 (--quick: 1, 4, 8), with k = 1 and k = 2 PS
    shards, each an elastic run on the local provider: workers are added (none restarted); once all
    have joined and warmed up, the cluster's accepted samples are counted over a window (10 s;

@@ -179,9 +179,12 @@ class Pusher:
                 sys.stderr.write("spotfill worker: a parameter's gradient accumulates more than once per "
                                  "backward; the push leaves after backward, not during it\n")
         if self.on_cuda:
-            for j, sent in enumerate(self._sent):
-                if not sent:
-                    self._send(j)
+            self._send_rest()
+
+    def _send_rest(self) -> None:
+        for j, sent in enumerate(self._sent):
+            if not sent:
+                self._send(j)
 
     def close(self) -> None:
         """End the sender thread (CUDA): a process may run several workers in turn (the bench)."""
@@ -193,9 +196,7 @@ class Pusher:
         if self.on_cuda:
             self._queue.join()
         else:
-            for j, sent in enumerate(self._sent):
-                if not sent:
-                    self._send(j)
+            self._send_rest()
         if self._error is not None:
             err, self._error, self._works = self._error, None, []
             raise err
