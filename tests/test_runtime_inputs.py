@@ -16,8 +16,8 @@ from tasks.runtime import driver, ps, worker
     (worker.main, ["--ps", "localhost", "--workload", "resnet20", "--batch-size", "8"], "PS address must be HOST:PORT"),
     (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--workload-opt", "w"],
      "workload option must be key=value"),
-    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--push-piece-mb", "0"],
-     "--push-piece-mb: must be a positive number"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--piece-mb", "0"],
+     "--piece-mb: must be a positive number"),
     (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "nope"], "unknown workload 'nope'"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(entry, argv, message, tmp_path, capsys):

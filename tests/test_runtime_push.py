@@ -10,7 +10,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from tasks.runtime import flat
-from tasks.runtime.push import Pusher, pieces
+from tasks.runtime.pieces import pieces
+from tasks.runtime.push import Pusher
 
 
 @pytest.mark.parametrize("numel,size", [(10, 3), (9, 3), (1, 5), (0, 4), (7, 7)])
@@ -162,7 +163,7 @@ def test_the_ps_applies_exactly_the_pieced_push(tmp_path, num_shards):
         thread.start()
     try:
         config = WorkerConfig("127.0.0.1", ports[0], spec, batch, options, seed=5, max_steps=steps,
-                              more_ps=[("127.0.0.1", p) for p in ports[1:]], push_piece_mb=0.004)  # 1000 elements
+                              more_ps=[("127.0.0.1", p) for p in ports[1:]], piece_mb=0.004)  # 1000 elements
         assert run_worker(config).steps == steps
     finally:
         for ps in servers:

@@ -277,7 +277,7 @@ def test_overhead_row_puts_the_runtime_against_the_plain_step_and_the_link():
 
     updates = [{"comm_s": 0.04, "compute_s": 0.13, "apply_ms_per_mb": 1.0} for _ in range(3)]
     measured = {"plain_step_s": [0.1, 0.1, 0.1], "runtime_step_s": [0.2, 0.2, 0.2], "updates": updates}
-    row = case_result(TINY, measured, vector_mb=100.0, loopback=5.0, bus_s=(0.02, 0.01))
+    row = case_result(TINY.label, TINY.batch, measured, vector_mb=100.0, loopback=5.0, bus_s=(0.02, 0.01))
     assert row["ratio"] == pytest.approx(0.5)
     assert row["push_pull_gbps"] == pytest.approx(5.0) and row["push_pull_over_loopback"] == pytest.approx(1.0)
     assert row["compute_over_plain_step"] == pytest.approx(1.3)
@@ -304,10 +304,9 @@ def test_a_worker_takes_no_id_until_the_ps_has_seeded_its_ids():
     assert worker_id == 4
 
 
-def test_bench_cases_each_get_their_own_run_and_the_transformer_a_push_after_backward_reference():
-    from tasks.runtime.bench import CPU_CASES, GPU_CASES, WHOLE_PUSH_MB
+def test_bench_cases_each_get_their_own_run_and_the_transformer_a_reference_that_overlaps_nothing():
+    from tasks.runtime.bench import CPU_CASES, GPU_CASES
 
     for cases in (CPU_CASES, GPU_CASES):
         assert len({case.slug for case in cases}) == len(cases)
-        whole = [case for case in cases if case.push_piece_mb == WHOLE_PUSH_MB]
-        assert [case.workload for case in whole] == ["transformer-lm"] and "push after backward" in whole[0].label
+        assert [case.workload for case in cases if case.with_whole] == ["transformer-lm"]

@@ -6,7 +6,8 @@
    alternating in short rounds in the same run (a shared machine's load changes by the second).
    Cases: the tiny one (ResNet-20 width 16), ResNet-110 and a 25M-parameter transformer LM, at
    sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (GPU_CASES); the transformer
-   also with its push sent after backward, to show what overlapping it buys. Per case: plain and
+   also with its push sent after backward and its pull landed before forward, to show what
+   overlapping them with compute buys. Per case: plain and
    runtime samples/s (median step times) and their ratio; the worker's compute phase against the
    plain step; push + pull, its effective GB/s (2 x the vector's bytes / push+pull time) against a
    raw gloo round trip of the same bytes between two processes on this machine (the loopback's
@@ -29,12 +30,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.providers.local import REPO, LocalProvider
 from tasks.runtime import driver
-from tasks.runtime.push import PIECE_MB
+from tasks.runtime.pieces import PIECE_MB
 from tasks.runtime.telemetry import read_records
 
 
@@ -44,30 +45,24 @@ class Case:
     workload: str
     options: dict
     batch: int
-    push_piece_mb: float = PIECE_MB  # WHOLE_PUSH_MB: one piece, sent once backward is done
+    # also run, in the same rounds, a worker that moves everything in one piece: the push after
+    # backward, the pull before forward; what overlapping them with compute buys
+    with_whole: bool = False
 
     @property
     def slug(self) -> str:
-        return f"{self.workload}-b{self.batch}" + ("-whole" if self.push_piece_mb == WHOLE_PUSH_MB else "")
+        return f"{self.workload}-b{self.batch}"
 
 
-WHOLE_PUSH_MB = 1e9  # a piece larger than any model: the push leaves after backward, as a reference
+WHOLE_MB = 1e9  # a piece larger than any model: nothing overlaps compute
+WHOLE_LABEL = ", push and pull whole"
 TINY = Case("tiny: resnet20 width 16", "resnet20", {"width": 16}, 32)
 TRANSFORMER_CPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 32), batch 2", "transformer-lm",
-                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2)
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2, with_whole=True)
 TRANSFORMER_GPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 128), batch 32", "transformer-lm",
-                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32)
-
-
-def _pushed_whole(case: Case) -> Case:
-    """The same case with its push sent after backward: what overlapping the push buys."""
-    return replace(case, label=case.label + ", push after backward", push_piece_mb=WHOLE_PUSH_MB)
-
-
-CPU_CASES = (TINY, Case("resnet110, batch 16", "resnet110", {"width": 16}, 16),
-             TRANSFORMER_CPU, _pushed_whole(TRANSFORMER_CPU))
-GPU_CASES = (TINY, Case("resnet110, batch 128", "resnet110", {"width": 16}, 128),
-             TRANSFORMER_GPU, _pushed_whole(TRANSFORMER_GPU))
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32, with_whole=True)
+CPU_CASES = (TINY, Case("resnet110, batch 16", "resnet110", {"width": 16}, 16), TRANSFORMER_CPU)
+GPU_CASES = (TINY, Case("resnet110, batch 128", "resnet110", {"width": 16}, 128), TRANSFORMER_GPU)
 SCALING_WORKLOAD, SCALING_OPTIONS, SCALING_BATCH = "resnet20", {"width": 8}, 8
 REFERENCE_COMPUTE_S = 0.6
 PS_BANDWIDTH_MBPS = 30.0
@@ -119,10 +114,11 @@ def plain_loop(case: Case, device: str):
 
 
 def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str = "cpu") -> dict:
-    """Per-step seconds of the plain loop and of the runtime worker, and the PS's telemetry. The
-    two alternate: each round runs `steps` plain steps, then the real worker loop for `steps`
-    steps; the first step of each is warm-up and not counted. A runtime step is compute + push +
-    pull, from one step's end of communication to the next."""
+    """Per-step seconds of the plain loop and of the runtime worker, and the PS's telemetry. They
+    alternate: each round runs `steps` plain steps, then the real worker loop for `steps` steps
+    (and, for a case `with_whole`, then a worker moving everything in one piece, under "whole");
+    the first step of each is warm-up and not counted. A runtime step is compute + push + pull,
+    from one step's end of communication to the next."""
     import torch
 
     from tasks.runtime.worker import WorkerConfig, run_worker
@@ -130,29 +126,36 @@ def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str =
     torch.set_num_threads(1)
     plain = plain_loop(case, device)
     provider = LocalProvider(artifacts, bandwidth_scale=None)
-    run_id = f"overhead-{case.slug}"
-    run = driver.start_run(provider, run_id, case.workload, workload_options=case.options,
+    run = driver.start_run(provider, f"overhead-{case.slug}", case.workload, workload_options=case.options,
                            ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
     host, port = run.ps_address.rsplit(":", 1)
+    piece_mb = {"pieces": PIECE_MB, **({"whole": WHOLE_MB} if case.with_whole else {})}
     plain_step_s: list[float] = []
-    runtime_step_s: list[float] = []
+    step_s: dict[str, list[float]] = {variant: [] for variant in piece_mb}
     try:
-        for _ in range(rounds):
+        for round_ in range(rounds):
             ends = []
             for _ in range(steps + 1):
                 next(plain)
                 ends.append(time.monotonic())
             plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
-            clock = _StepClock()
-            run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
-                                    instance_type=WORKER_TYPE, max_steps=steps + 1, push_piece_mb=case.push_piece_mb),
-                       listener=clock)
-            runtime_step_s += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
+            for variant, mb in piece_mb.items():
+                clock = _StepClock()
+                run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
+                                        instance_id=f"{variant}-{round_}", instance_type=WORKER_TYPE,
+                                        max_steps=steps + 1, piece_mb=mb),
+                           listener=clock)
+                step_s[variant] += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
         driver.stop_run(run)
     finally:
         provider.cleanup(run.run_id)
-    updates = [r for r in read_records(run.run_dir) if r["kind"] == "update" and r["comm_s"] is not None]
-    return {"plain_step_s": plain_step_s, "runtime_step_s": runtime_step_s, "updates": updates}
+    records = read_records(run.run_dir)
+    variant_of = {r["worker"]: r["instance_id"].split("-")[0] for r in records if r["kind"] == "join"}
+    measured = {variant: {"plain_step_s": plain_step_s, "runtime_step_s": step_s[variant],
+                          "updates": [r for r in records if r["kind"] == "update" and r["comm_s"] is not None
+                                      and variant_of[r["worker"]] == variant]}
+                for variant in piece_mb}
+    return {**measured["pieces"], **({"whole": measured["whole"]} if case.with_whole else {})}
 
 
 def loopback_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -225,12 +228,12 @@ def bus_copy_s(numel: int, device: str, repeats: int = 5) -> tuple[float, float]
             median_s(lambda: host.copy_(on_device, non_blocking=True)))
 
 
-def case_result(case: Case, measured: dict, vector_mb: float, loopback: float,
+def case_result(label: str, batch: int, measured: dict, vector_mb: float, loopback: float,
                 bus_s: tuple[float, float] = (0.0, 0.0)) -> dict:
     """One case's row: rates, their ratio, where a runtime step goes, the link against loopback,
     and the link bound: the step this machine's links would allow if nothing overlapped (the
     plain step, both bus copies, push + pull at the loopback's rate). The worker overlaps its push
-    with backward (push.py), so it can beat the bound."""
+    with backward (push.py) and its pull with forward (pull.py), so it can beat the bound."""
     plain_s, runtime_s, updates = measured["plain_step_s"], measured["runtime_step_s"], measured["updates"]
     comm_s = statistics.median(r["comm_s"] for r in updates)
     compute_s = statistics.median(r["compute_s"] for r in updates)
@@ -238,19 +241,20 @@ def case_result(case: Case, measured: dict, vector_mb: float, loopback: float,
     to_device_s, to_host_s = bus_s
     bound_s = plain_step_s + to_device_s + to_host_s + 2 * vector_mb / 1e3 / loopback
     return {
-        "case": case.label,
+        "case": label,
         "vector_mb": vector_mb,
-        "plain_samples_per_s": case.batch / plain_step_s,
-        "runtime_samples_per_s": case.batch / runtime_step_s,
+        "plain_samples_per_s": batch / plain_step_s,
+        "runtime_samples_per_s": batch / runtime_step_s,
         "ratio": plain_step_s / runtime_step_s,
         "ratio_of_totals": sum(plain_s) / sum(runtime_s),
         "steps_each": len(plain_s),
         "plain_step_s": plain_step_s,
         "worker_compute_s": compute_s,
         "compute_over_plain_step": compute_s / plain_step_s,
-        # on CUDA the worker's compute phase holds the pull's bus copy (queued ahead of the
-        # forward; the push's copies run on a copy stream during backward and after it): without
-        # it, it is the same kernels as the plain step
+        # the worker's compute phase holds what of the pull forward waited for and, on CUDA, the
+        # pull's bus copies (on a copy stream, each ahead of its piece's first reader; the push's
+        # run on a copy stream during backward and after it): without the bus copy, it is the
+        # same kernels as the plain step plus the pull's wait
         "bus_copy_s": to_device_s + to_host_s,
         "bus_to_device_s": to_device_s,
         "compute_less_bus_over_plain_step": (compute_s - to_device_s) / plain_step_s,
@@ -333,9 +337,12 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     for case in GPU_CASES if device == "cuda" else CPU_CASES:
         numel = wire.flat_size(build_workload(case.workload, case.options).model)
         vector_mb = numel * 4 / 1e6
-        rounds = 3 if case is not TINY else (8 if quick else 20)
+        rounds = (8 if quick else 20) if case is TINY else (5 if case.with_whole else 3)  # the two variants' gap is small against the noise
         measured = overhead(runs, case, rounds=rounds if not quick or case is TINY else 2, steps=3, device=device)
-        cases.append(case_result(case, measured, vector_mb, loopback_gbps(numel * 4), bus_copy_s(numel, device)))
+        loopback, bus_s = loopback_gbps(numel * 4), bus_copy_s(numel, device)
+        cases.append(case_result(case.label, case.batch, measured, vector_mb, loopback, bus_s))
+        if case.with_whole:
+            cases.append(case_result(case.label + WHOLE_LABEL, case.batch, measured["whole"], vector_mb, loopback, bus_s))
     result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
     if scaling:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))

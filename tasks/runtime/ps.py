@@ -44,7 +44,7 @@ from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.lifetime import pid_alive
-from tasks.runtime.push import pieces
+from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
@@ -299,7 +299,8 @@ class ParameterServer:
         header = wire.new_header()
         push = torch.empty(self.flat_size)
         nbytes = push.numel() * push.element_size()
-        cut = pieces(self.flat_size, max(1, int(desc.get("push_piece_numel") or self.flat_size)))
+        cut = pieces(self.flat_size, max(1, int(desc.get("piece_numel") or self.flat_size)))
+        order = pull_order(cut, self.param_numel)
         try:
             while True:
                 link.recv(header)
@@ -331,7 +332,8 @@ class ParameterServer:
                 try:
                     self.shaper.transfer(worker_id, nbytes)
                     link.send(reply)
-                    link.send(params)
+                    for work in [link.start_send(params[cut[i][0]:cut[i][1]], i + 1) for i in order]:
+                        work.wait()
                 finally:
                     self.release_state(params)
         except RuntimeError:

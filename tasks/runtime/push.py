@@ -1,11 +1,11 @@
 """A worker's push leaves in pieces while backward is still running.
 
 Autograd fills the gradient part of the flat push vector (flat.py) from the last layer to the
-first. The vector is cut into pieces of at most `piece_numel` elements, each inside one PS shard's
-range; a piece is sent the moment every parameter gradient it holds is final (torch's
-post-accumulate-grad hook), so most of the push crosses the link while backward still computes
-the earlier layers' gradients. What is left (the last pieces, the buffers' part, the pieces of
-parameters that got no gradient) leaves when compute ends.
+first. The vector is cut into pieces (pieces.py), each inside one PS shard's range; a piece is
+sent the moment every parameter gradient it holds is final (torch's post-accumulate-grad hook),
+so most of the push crosses the link while backward still computes the earlier layers'
+gradients. What is left (the last pieces, the buffers' part, the pieces of parameters that got no
+gradient) leaves when compute ends.
 
 Per push and shard the link carries: a header (gloo tag 0) as compute starts, so the PS posts its
 receives at once; piece i of the shard's range on tag i + 1; then the trailer, the header again
@@ -27,38 +27,16 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from dataclasses import dataclass
 
 import torch
 
 from tasks.runtime.flat import FlatModel, synced_tensors
-
-PIECE_MB = 4.0  # small enough to start sending early in a 25M model's backward, large enough that a message's fixed cost is noise
-
-
-def pieces(numel: int, piece_numel: int) -> list[tuple[int, int]]:
-    """[lo, hi) pieces covering 0..numel in order, each at most `piece_numel` elements: the cut the
-    worker sends and the PS receives, piece i on gloo tag i + 1."""
-    if piece_numel <= 0:
-        raise ValueError(f"piece size must be positive, got {piece_numel}")
-    return [(lo, min(numel, lo + piece_numel)) for lo in range(0, numel, piece_numel)]
-
-
-def piece_numel_for(piece_mb: float) -> int:
-    return max(1, int(piece_mb * 1e6 / 4))  # float32 elements
+from tasks.runtime.pieces import holding, shard_pieces
 
 
 class BusCopyFailed(Exception):
     """A piece's copy to host memory failed (a CUDA error): the worker's own failure, not a lost
     link (not a RuntimeError, which the worker takes for one)."""
-
-
-@dataclass(frozen=True)
-class Piece:
-    shard: int
-    tag: int
-    lo: int  # global offsets in the flat vector
-    hi: int
 
 
 class Pusher:
@@ -74,9 +52,7 @@ class Pusher:
         params, param_numel = synced_tensors(bound.model)[0], bound.layout.param_numel
         self.push, self.host_push = bound.push, host_push
         self.on_cuda = self.push.device.type == "cuda"
-        self.pieces = [Piece(shard, tag, lo + a, lo + b)
-                       for shard, (lo, hi) in enumerate(ranges)
-                       for tag, (a, b) in enumerate(pieces(hi - lo, piece_numel), start=1)]
+        self.pieces = shard_pieces(ranges, piece_numel)
         # which pieces each trainable parameter's gradient lies in, and how many such gradients
         # each piece waits for (+1 for a piece holding buffers, which are filled after backward)
         self._pieces_of: dict[int, list[int]] = {}
@@ -85,7 +61,7 @@ class Pusher:
             hi = lo + param.numel()
             if not param.requires_grad:
                 continue
-            inside = [j for j, p in enumerate(self.pieces) if p.lo < hi and lo < p.hi]
+            inside = holding(self.pieces, lo, hi)
             self._pieces_of[index] = inside
             for j in inside:
                 self._waits_for[j] += 1

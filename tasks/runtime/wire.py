@@ -9,13 +9,14 @@ Messages (torch.distributed send/recv on that group; headers on tag 0):
 worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute_s, comm_s, reason,
     epoch, stop_epoch]. A PUSH is that header as compute starts, then the PS's range of the flat
     float32 vector (flat.py) of gradients followed by the worker's floating-point buffers
-    (BatchNorm statistics), in pieces of `push_piece_numel` elements (from the worker's join
-    description) on tags 1, 2, ... as backward finishes them (push.py), then the header again, now
-    with the loss and the times (the trailer), after which the PS applies it (unless its slot 7 is
-    DROPPED).
+    (BatchNorm statistics), in pieces of `piece_numel` elements (from the worker's join
+    description; pieces.py) on tags 1, 2, ... as backward finishes them (push.py), then the header
+    again, now with the loss and the times (the trailer), after which the PS applies it (unless its
+    slot 7 is DROPPED).
 PS -> worker: a float64 header [status, version, lr, applied (1.0 when the push just received was
     applied and counted), epoch, stop_epoch, 0...]; with status CONTINUE the PS's range of the flat
-    float32 vector of parameters followed by buffers, one message. `epoch` and `stop_epoch` (0:
+    float32 vector of parameters followed by buffers, in the same pieces on the same tags (the
+    buffers' first: pieces.pull_order), which the worker lands while forward runs (pull.py). `epoch` and `stop_epoch` (0:
     none) carry the sharded PS's consistent cuts (ps.py); a single PS leaves them 0.
 """
 from __future__ import annotations
@@ -43,6 +44,12 @@ COUNTER_KEY = "worker_counter"
 # Set by the PS once its worker ids are seeded (a restarted PS continues after the ids it had):
 # a worker that took an id from the store before that would collide with an earlier worker's id.
 SERVING_KEY = "serving"
+
+
+class LinkLost(Exception):
+    """A transfer to or from a PS shard failed: the PS went away (the worker rejoins). Not a
+    RuntimeError, so that a failure of the worker's own compute (CUDA out of memory, a cuDNN
+    error) ends the worker with its message instead of looking like a lost PS."""
 
 
 def new_header() -> torch.Tensor:

@@ -38,7 +38,10 @@ from tasks.errors import UserInputError
 from tasks.phases import NoListener, PhaseListener
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
-from tasks.runtime.push import PIECE_MB, Pusher, piece_numel_for
+from tasks.runtime.pieces import PIECE_MB, piece_numel_for
+from tasks.runtime.pull import Puller
+from tasks.runtime.push import Pusher
+from tasks.runtime.wire import LinkLost
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
 
@@ -63,7 +66,7 @@ class WorkerConfig:
     max_steps: int | None = None  # leave after this many iterations (tests, profiling)
     watch_pid: int | None = None  # leave when this process (the local orchestrator) is gone
     more_ps: list[tuple[str, int]] = field(default_factory=list)  # shards 1..k-1 of a sharded PS
-    push_piece_mb: float = PIECE_MB  # the push leaves in pieces of this size during backward (push.py)
+    piece_mb: float = PIECE_MB  # the push and the pull move in pieces of this size, overlapping backward and forward
 
 
 @dataclass
@@ -96,12 +99,6 @@ def parse_addresses(text: str) -> list[tuple[str, int]]:
     return [parse_address(part) for part in text.split(",")]
 
 
-class LinkLost(Exception):
-    """A transfer to or from a PS shard failed: the PS went away (the worker rejoins). Not a
-    RuntimeError, so that a failure of the worker's own compute (CUDA out of memory, a cuDNN
-    error) ends the worker with its message instead of looking like a lost PS."""
-
-
 @contextlib.contextmanager
 def _link_errors():
     try:
@@ -120,7 +117,7 @@ class Shards:
         nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
         description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
                        "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid(),
-                       "push_piece_numel": piece_numel_for(config.push_piece_mb)}
+                       "piece_numel": piece_numel_for(config.piece_mb)}
         self.links: list[wire.Link] = []
         try:
             for host, port in addresses:
@@ -140,13 +137,14 @@ class Shards:
         with _link_errors():
             self._wait([link.start_send(h) for link, h in zip(self.links, headers)])
 
-    def receive(self, state: torch.Tensor) -> bool:
-        """The shards' replies into self.replies; True and `state` filled when all say continue."""
+    def receive(self, puller: Puller) -> bool:
+        """The shards' replies into self.replies; when all say continue, True and the state's
+        pieces on their way (`puller` lands them as forward reads them)."""
         with _link_errors():
             self._wait([link.start_recv(h) for link, h in zip(self.links, self.replies)])
             if any(h[0].item() == wire.STOP for h in self.replies):
                 return False
-            self._wait([link.start_recv(state[lo:hi]) for link, (lo, hi) in zip(self.links, self.ranges)])
+            puller.start(self.links)
         return True
 
     def leave(self, reason: str) -> None:
@@ -236,13 +234,13 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
     """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
     vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
     CUDA each crosses the bus once, through a pinned host copy. The push leaves in pieces during
-    backward (push.py)."""
+    backward (push.py); the pull lands in pieces during forward (pull.py)."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
         raise UserInputError(f"relative speed must be positive, got {config.relative_speed}")
-    if config.push_piece_mb <= 0:
-        raise UserInputError(f"push piece size must be positive, got {config.push_piece_mb} MB")
+    if config.piece_mb <= 0:
+        raise UserInputError(f"piece size must be positive, got {config.piece_mb} MB")
     listener = listener or NoListener()
     leave_flag = leave_flag or _LeaveFlag()
     workload = build_workload(config.workload, config.workload_options)
@@ -265,14 +263,8 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
         ) from None
 
-    pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.push_piece_mb))
-
-    def pull() -> bool:
-        if not shards.receive(host_state):
-            return False
-        if on_cuda:
-            flat_model.state.copy_(host_state, non_blocking=True)  # ordered before the next forward
-        return True
+    pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.piece_mb))
+    puller = Puller(flat_model, shards.ranges, host_state, piece_numel_for(config.piece_mb))
 
     try:
         step = samples_accepted = rejoins = 0
@@ -282,7 +274,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             try:
                 if need_pull:
                     shards.send(shards.headers([wire.PULL]))
-                    if not pull():
+                    if not shards.receive(puller):
                         return WorkerResult("stop", step, samples_accepted, rejoins)
                     need_pull = False
                 leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
@@ -291,6 +283,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 if leave is None and config.max_steps is not None and step >= config.max_steps:
                     leave = "done"
                 if leave:
+                    puller.land_all()  # nothing may still be writing into the state once this returns
                     shards.leave(leave)
                     return WorkerResult(leave, step, samples_accepted, rejoins)
 
@@ -299,7 +292,9 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 with _link_errors():
                     pusher.start(shards.links, shards.headers([wire.PUSH, step, config.batch_size]))
                 inputs, targets = next(batches)
-                loss = workload.loss_fn(model(inputs), targets)
+                with puller.landing():
+                    outputs = model(inputs)
+                loss = workload.loss_fn(outputs, targets)
                 flat_model.zero_grad()
                 loss.backward()
                 flat_model.fill_push_buffers()
@@ -317,7 +312,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 with _link_errors():
                     pusher.finish(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s,
                                                   wire.DROPPED if pusher.dropped else 0.0]))
-                more = pull()
+                more = shards.receive(puller)
                 if shards.replies[0][3].item() == 1.0:
                     samples_accepted += config.batch_size
                 if not more:
@@ -376,8 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
     p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
     p.add_argument("--max-steps", type=positive_int, default=None)
-    p.add_argument("--push-piece-mb", type=positive_float, default=PIECE_MB,
-                   help="the push leaves in pieces of this size while backward runs (docs/runtime.md)")
+    p.add_argument("--piece-mb", type=positive_float, default=PIECE_MB,
+                   help="the push and the pull move in pieces of this size, overlapping backward and forward (docs/runtime.md)")
     p.add_argument("--fill", action="store_true", help="fill communication bubbles with inference (docs/filling.md)")
     p.add_argument("--fill-online-rate", type=float, default=10.0, help="online inference requests per second")
     p.add_argument("--fill-online-slo-s", type=positive_float, default=0.25, help="online latency SLO")
@@ -428,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
-            push_piece_mb=args.push_piece_mb,
+            piece_mb=args.piece_mb,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
