@@ -1,8 +1,8 @@
 """Bad input to the runtime: one clear line on stderr and exit status 2, nothing started."""
 from __future__ import annotations
 
-
 import pytest
+import torch
 
 from tasks.errors import UserInputError
 from tasks.providers.local import LocalProvider
@@ -18,6 +18,11 @@ from tasks.runtime import driver, ps, worker
      "workload option must be key=value"),
     (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--piece-mb", "0"],
      "--piece-mb: must be a positive number"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--device", "gpu0"],
+     "--device: must be auto, cpu, cuda or cuda:N, got 'gpu0'"),
+    pytest.param(worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--device", "cuda:0"],
+                 "--device cuda:0: torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")),
     (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "nope"], "unknown workload 'nope'"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(entry, argv, message, tmp_path, capsys):

@@ -2,6 +2,9 @@
 landed, however it reaches it, and most pieces land while forward already runs."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +13,7 @@ from torch.nn import functional as F
 from tasks.runtime import flat
 from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.pull import Puller
+from tasks.runtime.wire import LinkLost
 
 
 def test_the_pull_sends_the_pieces_holding_buffers_first():
@@ -158,3 +162,104 @@ def test_the_mode_is_left_once_every_piece_has_landed():
         out.sum().backward()
         assert _get_current_function_mode() is None and not _global_forward_pre_hooks
     assert mode_on_at_last_layer == [True, False]  # the probe notes reads throughout
+
+
+class HeldLink(ArrivingLink):
+    """Delivers into a host buffer of its own, each piece only once `released` is set and
+    `arrive_s` after the one before (a slow link: a reader that did not wait would find old
+    values); a piece at `broken` fails as a lost connection does."""
+
+    def __init__(self, log, source, host, released: "threading.Event", broken: int | None = None, arrive_s: float = 0.0):
+        super().__init__(log, source, host)
+        self.released, self.broken, self.arrive_s, self.posted = released, broken, arrive_s, 0
+
+    def start_recv(self, tensor, tag=0):
+        arrival, released, fails = super().start_recv(tensor, tag), self.released, self.posted == self.broken
+        arrive_s = self.arrive_s
+        self.posted += 1
+
+        class Held:
+            def wait(self):
+                released.wait()
+                time.sleep(arrive_s)
+                if fails:
+                    raise RuntimeError("Connection closed by peer")
+                arrival.wait()
+        return Held()
+
+
+def _threaded(model: nn.Module, shards: int = 2):
+    bound = flat.bind(model)
+    ranges = flat.shard_ranges(bound.layout.numel, shards)
+    host = torch.empty_like(bound.state)
+    return bound, ranges, host, Puller(bound, ranges, host, piece_numel=40, threaded=True)
+
+
+def test_the_lander_thread_lands_each_piece_before_forward_reads_it():
+    """The CUDA path's thread (threaded on the CPU: a host copy stands for the bus copy): after
+    the probe step (whose pull lands before forward) the pieces arrive only once forward has
+    started, so forward waits for the thread at its reads; what it computes is what the whole
+    pull in place gives."""
+    torch.manual_seed(0)
+    model = Tied()
+    bound, ranges, host, puller = _threaded(model)
+    tokens = torch.randint(0, 16, (5,))
+    try:
+        for step in range(3):
+            source = torch.rand(bound.layout.numel) + 0.5
+            released, log = threading.Event(), []
+            if step == 0:
+                released.set()
+            handle = model.register_forward_pre_hook(lambda *_: released.set())
+            puller.start([HeldLink(log, source, host, released, arrive_s=0.002) for _ in ranges])
+            with puller.landing():
+                out = model(tokens)
+            handle.remove()
+            assert len(log) == len(puller.pieces)
+            assert torch.equal(bound.state, source)
+            with torch.no_grad():
+                assert torch.equal(out.detach(), model(tokens))
+            out.sum().backward()
+    finally:
+        puller.close()
+
+
+def test_a_receive_the_lander_thread_loses_is_a_lost_link_where_forward_reads_and_the_next_pull_lands():
+    torch.manual_seed(0)
+    model = Tied()
+    bound, ranges, host, puller = _threaded(model, shards=1)
+    tokens = torch.randint(0, 16, (5,))
+    try:
+        for _ in range(2):  # the probe, then a pull that overlaps forward
+            released = threading.Event()
+            released.set()
+            puller.start([HeldLink([], torch.rand(bound.layout.numel) + 0.5, host, released)])
+            with puller.landing():
+                model(tokens)
+        released = threading.Event()
+        released.set()
+        puller.start([HeldLink([], torch.rand(bound.layout.numel) + 0.5, host, released, broken=2)])
+        with pytest.raises(LinkLost, match="closed by peer"), puller.landing():
+            model(tokens)
+        source = torch.rand(bound.layout.numel) + 0.5  # the rejoin's pull
+        puller.start([HeldLink([], source, host, released)])
+        puller.land_all()
+        assert torch.equal(bound.state, source)
+    finally:
+        puller.close()
+
+
+def test_a_threaded_pull_needs_a_host_buffer_of_its_own():
+    bound = flat.bind(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="host buffer of its own"):
+        Puller(bound, [(0, bound.layout.numel)], bound.state, piece_numel=8, threaded=True)
+
+
+def test_close_ends_the_lander_thread():
+    bound = flat.bind(nn.Linear(4, 4))
+    before = {t for t in threading.enumerate() if t.name == "pull"}
+    puller = Puller(bound, [(0, bound.layout.numel)], torch.empty_like(bound.state), piece_numel=8, threaded=True)
+    (thread,) = {t for t in threading.enumerate() if t.name == "pull"} - before
+    puller.close()
+    thread.join(timeout=30)
+    assert not thread.is_alive()

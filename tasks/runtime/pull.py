@@ -18,13 +18,18 @@ lands whole before forward while the same mode notes what forward reads, and fro
 pieces holding any tensor it did not see read (read out of its sight, or not at all) land before
 forward starts.
 
-On CUDA a landed piece crosses the bus on a copy stream, and the compute stream waits for that copy
-(an event) before its next kernel: neither the host nor the compute stream waits on the bus.
+On CUDA the pieces arrive in pinned host memory and a lander thread takes them in arrival order:
+it waits for each receive, copies the piece over the bus on a copy stream and records an event.
+Forward's first read of a piece makes the compute stream wait for that event, not the host for
+the copy: the bus copies run ahead of forward and neither the host nor the compute stream waits on
+the bus. (A gloo receive says it has completed only once it has been waited for, so only a thread
+that waits can tell which pieces have arrived.)
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
+import queue
 import threading
 from collections.abc import Iterator
 
@@ -62,31 +67,56 @@ def _opaque(model: torch.nn.Module) -> bool:
     return any(isinstance(module, torch.jit.ScriptModule) or hasattr(module, "_orig_mod") for module in model.modules())
 
 
+class _Landing:
+    """One pull as the lander thread lands it: per piece, `ready` is set once the piece has been
+    received and its bus copy issued (`events[j]` completes with that copy; None: no device
+    copy), or once the pull has failed (`error`)."""
+
+    def __init__(self, order: list[int], works: list):
+        self.order, self.works = order, works
+        self.ready = {j: threading.Event() for j in order}
+        self.events: dict = {}
+        self.error: BaseException | None = None
+
+
 class Puller:
     """Receives a worker's pulls into its model, piece by piece, while forward runs.
 
     `start(links)` once the shards' reply headers said continue (posts every piece's receive);
     forward inside `with landing():` (every piece has landed when it ends). `land_all()` lands
-    whatever is in flight (a worker that leaves). A failed receive raises wire.LinkLost."""
+    whatever is in flight (a worker that leaves); `close()` ends the lander thread. A failed
+    receive raises wire.LinkLost.
 
-    def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_state: torch.Tensor, piece_numel: int):
+    `threaded` (default: on CUDA) receives into `host_state` and lets the lander thread move each
+    piece into the state as it arrives; otherwise the receives write into the state itself (CPU:
+    `host_state` is the state) and a piece is waited for at its first read."""
+
+    def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_state: torch.Tensor, piece_numel: int,
+                 threaded: bool | None = None):
         self.state, self.host_state = bound.state, host_state
         self.on_cuda = self.state.device.type == "cuda"
+        self.threaded = self.on_cuda if threaded is None else threaded
+        if self.threaded and host_state.data_ptr() == self.state.data_ptr():
+            raise ValueError("a threaded pull receives into a host buffer of its own, not into the state")
         self.pieces = shard_pieces(ranges, piece_numel)
         params, buffers = synced_tensors(bound.model)
         self._pieces_of = {id(t): holding(self.pieces, lo, lo + t.numel())
                            for t, lo in zip(params + buffers, bound.layout.offsets)}
         self.order = self._order(ranges, bound.layout.param_numel)
-        self._works: list = [None] * len(self.pieces)  # a piece's receive, until it has landed
+        self._works: list = [None] * len(self.pieces)  # a piece's receive (threaded: True), until it has landed
         self._in_flight = 0
         self._reads: _Reads | None = None  # the mode, while it is on
         self._leave_hook = None
         self._thread = 0
-        self._cursor = 0  # CUDA: where in `order` to look for the next piece that has arrived
+        self._cursor = 0  # threaded: where in `order` to look for the next piece the lander has copied
         self.overlap = not _opaque(bound.model)
         self._early: list[int] | None = None  # landed before forward (the probe's finding); None: no probe yet
+        self._landing: _Landing | None = None
         if self.on_cuda:
             self._copy_stream = torch.cuda.Stream(self.state.device)
+        if self.threaded:
+            self._queue: queue.Queue = queue.Queue()
+            threading.Thread(target=self._land_in_order, daemon=True, name="pull").start()
 
     def _order(self, ranges: list[tuple[int, int]], param_numel: int) -> list[int]:
         """The pieces in the order they arrive: each shard's in its pull order, taken in turn."""
@@ -98,41 +128,83 @@ class Puller:
         return [j for turn in itertools.zip_longest(*per_shard) for j in turn if j is not None]
 
     def start(self, links: list) -> None:
-        self._works = [None] * len(self.pieces)
+        works = [None] * len(self.pieces)
         for j in self.order:
             piece = self.pieces[j]
-            self._works[j] = links[piece.shard].start_recv(self.host_state[piece.lo:piece.hi], piece.tag)
+            works[j] = links[piece.shard].start_recv(self.host_state[piece.lo:piece.hi], piece.tag)
         self._in_flight = len(self.pieces)
         self._cursor = 0
+        if not self.threaded:
+            self._works = works
+            return
+        self._works = [True] * len(self.pieces)
+        if self.on_cuda:
+            # the copies come after everything queued on the state so far (the last step's kernels,
+            # an aborted forward's, bind's initial copy)
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.state.device))
+        self._landing = _Landing(self.order, works)
+        self._queue.put(self._landing)
+
+    def _land_in_order(self) -> None:
+        """The lander thread: each pull's pieces in arrival order, received, then copied into the
+        state (on CUDA over the bus, on the copy stream). After a failure the pull's remaining
+        pieces are only marked ready: its error is raised where forward reads them."""
+        while True:
+            landing = self._queue.get()
+            if landing is None:  # close()
+                return
+            for j in landing.order:
+                if landing.error is None:
+                    try:
+                        landing.works[j].wait()
+                        landing.events[j] = self._copy_in(self.pieces[j])
+                    except BaseException as err:
+                        landing.error = err
+                landing.ready[j].set()
+
+    def _copy_in(self, piece) -> "torch.cuda.Event | None":
+        if not self.on_cuda:
+            self.state[piece.lo:piece.hi].copy_(self.host_state[piece.lo:piece.hi])
+            return None
+        with torch.cuda.stream(self._copy_stream):
+            self.state[piece.lo:piece.hi].copy_(self.host_state[piece.lo:piece.hi], non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self._copy_stream)
+        return copied
 
     def _land(self, j: int) -> None:
         work, self._works[j] = self._works[j], None
         self._in_flight -= 1
-        try:
-            work.wait()
-        except RuntimeError as err:
-            raise LinkLost(str(err)) from err
-        if self.on_cuda:
-            piece, compute = self.pieces[j], torch.cuda.current_stream(self.state.device)
-            # the state's readers of the last step are done: the worker's loss.item() waited for them
-            with torch.cuda.stream(self._copy_stream):
-                self.state[piece.lo:piece.hi].copy_(self.host_state[piece.lo:piece.hi], non_blocking=True)
-                landed = torch.cuda.Event()
-                landed.record(self._copy_stream)
-            compute.wait_event(landed)
+        if not self.threaded:
+            try:
+                work.wait()
+            except RuntimeError as err:
+                raise LinkLost(str(err)) from err
+            return
+        landing = self._landing
+        landing.ready[j].wait()
+        if landing.error is not None:
+            raise LinkLost(str(landing.error)) from landing.error
+        copied = landing.events.get(j)
+        if copied is not None:
+            torch.cuda.current_stream(self.state.device).wait_event(copied)
 
     def land_all(self) -> None:
         for j in self.order:
             if self._works[j] is not None:
                 self._land(j)
 
-    def _land_arrived(self) -> None:
-        """CUDA: start the bus copy of every piece that has arrived, in arrival order, ahead of
-        its first reader."""
+    def _land_copied(self) -> None:
+        """Threaded: land, in arrival order, every piece whose copy has already finished, so that
+        the compute stream waits on nothing and the mode can be left as early as possible."""
+        landing = self._landing
         while self._cursor < len(self.order):
             j = self.order[self._cursor]
             if self._works[j] is not None:
-                if not self._works[j].is_completed():
+                if not landing.ready[j].is_set() or landing.error is not None:
+                    return
+                copied = landing.events[j]
+                if copied is not None and not copied.query():
                     return
                 self._land(j)
             self._cursor += 1
@@ -141,8 +213,13 @@ class Puller:
         for j in self._pieces_of.get(id(tensor), ()):
             if self._works[j] is not None:
                 self._land(j)
-        if self.on_cuda:
-            self._land_arrived()
+        if self.threaded:
+            self._land_copied()
+
+    def close(self) -> None:
+        """End the lander thread: a process may run several workers in turn (the bench)."""
+        if self.threaded:
+            self._queue.put(None)
 
     @contextlib.contextmanager
     def landing(self) -> Iterator[None]:

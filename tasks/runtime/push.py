@@ -18,7 +18,8 @@ early sending starts from the second push only if none accumulated twice. Should
 twice later on (data-dependent control flow), that push is dropped (`dropped`: the worker tells
 the PS, which does not apply it) and every later push leaves after backward.
 
-On CUDA the hook only records an event on the compute stream; a sender thread waits for it on a
+On CUDA the hook only records an event on the compute stream (and on the stream autograd
+accumulated on, where that differs); a sender thread waits for it on a
 copy stream, copies the piece to pinned host memory and sends it: neither the autograd thread nor
 the compute stream waits on the bus or the link.
 """
@@ -106,8 +107,12 @@ class Pusher:
     def _send(self, j: int) -> None:
         self._sent[j] = True
         if self.on_cuda:
-            ready = torch.cuda.Event()
-            ready.record(self._compute_stream)
+            # the piece is final once the compute stream and the stream autograd accumulated on
+            # (current in the hook: the forward's, which a plug-in may have switched) reach here
+            streams = {self._compute_stream, torch.cuda.current_stream(self.push.device)}
+            ready = [torch.cuda.Event() for _ in streams]
+            for event, stream in zip(ready, streams):
+                event.record(stream)
             self._queue.put((j, ready))
         elif self._error is None:
             piece = self.pieces[j]
@@ -129,7 +134,8 @@ class Pusher:
                     piece = self.pieces[j]
                     try:
                         with torch.cuda.stream(self._copy_stream):
-                            self._copy_stream.wait_event(ready)
+                            for event in ready:
+                                self._copy_stream.wait_event(event)
                             self.host_push[piece.lo:piece.hi].copy_(self.push[piece.lo:piece.hi], non_blocking=True)
                             self._copy_stream.synchronize()
                     except RuntimeError as err:

@@ -283,7 +283,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 if leave is None and config.max_steps is not None and step >= config.max_steps:
                     leave = "done"
                 if leave:
-                    puller.land_all()  # nothing may still be writing into the state once this returns
+                    puller.land_all()  # every piece received (on CUDA the compute stream waits for its copy)
                     shards.leave(leave)
                     return WorkerResult(leave, step, samples_accepted, rejoins)
 
@@ -343,11 +343,20 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 comm_s = -1.0
     finally:
         pusher.close()
+        puller.close()
 
 
 def _env_float(name: str) -> float | None:
     value = os.environ.get(name)
     return float(value) if value else None
+
+
+def device_arg(text: str) -> str:
+    """--device: auto, cpu, cuda or cuda:N (the device torch then uses)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
-    p.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda when present), cpu, cuda or cuda:N")
     p.add_argument("--connect-timeout-s", type=positive_float, default=30.0)
     p.add_argument("--reconnect-timeout-s", type=positive_float, default=60.0)
     p.add_argument("--max-steps", type=positive_int, default=None)
@@ -389,7 +398,7 @@ def build_filler(args: argparse.Namespace, device: str):
         return None
     from tasks.filling.attach import ReportingFiller, build_worker_filler
 
-    filler = build_worker_filler({"device": "cuda" if device == "cuda" else "cpu",
+    filler = build_worker_filler({"device": torch.device(device).type,
                                   "online_rate_per_s": args.fill_online_rate, "slo_s": args.fill_online_slo_s})
     metrics_dir = args.fill_metrics_dir or (args.notice_file.parent.parent / "filling" if args.notice_file else None)
     if metrics_dir is None:
@@ -413,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     leave_flag = _LeaveFlag()
     try:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserInputError(f"--device {device}: torch sees no CUDA device")
         (host, port), *more_ps = parse_addresses(args.ps)
         resolve_builder(args.workload)
         config = WorkerConfig(
