@@ -143,6 +143,29 @@ def test_the_ps_does_not_apply_a_dropped_push(tmp_path):
     assert ps.apply(0, "t", header, torch.ones(ps.flat_size), batch_size=8) and ps.version == 1
 
 
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_a_push_whose_loss_is_not_finite_is_not_applied_and_stops_the_run_as_diverged(tmp_path, loss, num_shards):
+    from tasks.runtime import wire
+    from tasks.runtime.ps import ParameterServer, PsConfig
+    from tasks.runtime.telemetry import read_records
+
+    servers = [ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload="resnet20", workload_options={"width": 2},
+                                        shard=shard, num_shards=num_shards)) for shard in range(num_shards)]
+    for ps in servers:
+        before = ps.state.clone()
+        header = torch.tensor([wire.PUSH, 0, 8, loss, 0, 0.1, 0.05, 0, 0, 0], dtype=torch.float64)
+        assert not ps.apply(0, "t", header, torch.ones(ps.flat_size), batch_size=8)
+        assert torch.equal(ps.state, before) and (ps.version, ps.samples_total) == (0, 0)
+        (record,) = [r for r in read_records(ps.dir) if r["kind"] == "diverged"]
+        assert record["loss"] == repr(loss)
+    leader = servers[0]
+    if num_shards == 1:
+        assert leader.stopping == "diverged"
+    else:  # the leader stops every shard at its next cut; no shard applied the push
+        assert leader.epochs.stop_reason == "diverged"
+
+
 @pytest.mark.parametrize("num_shards", [1, 2])
 def test_the_ps_applies_exactly_the_pieced_push(tmp_path, num_shards):
     """A worker's pushes, sent in pieces to real PS processes' code over gloo, give the PS the

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from pathlib import Path
 
 from tasks.profiling.measurements import ProfilingError
 from tasks.providers.base import Provider
@@ -57,25 +56,19 @@ def check_not_diverged(updates: list[dict], where: str) -> None:
                                  f"first {first:.4g}); lower the learning rate or check the workload")
 
 
-def lost_worker_cause(run_dir: Path) -> str:
-    """Why a worker connection broke, from the PS log: a NaN loss cannot be written as telemetry."""
-    for log in sorted((run_dir / "logs").glob("*.log")):
-        text = log.read_text(errors="replace")
-        if "Out of range float values are not JSON compliant" in text:
-            return "the loss became NaN or infinite (diverged)"
-    return f"a worker process died; see {run_dir}/logs/"
-
-
 def wait_until(run, condition, deadline_s: float, poll_s: float = 0.1, what: str = "in time"):
     """Wait until `condition(progress)` holds or the PS stopped (monotonic `deadline_s`);
     ProfilingError when a worker was lost or the deadline passed."""
     while True:
         progress = run.progress()
+        if progress.stopped == "diverged":
+            raise ProfilingError(f"run {run.run_id}: the loss diverged (NaN or infinite after "
+                                 f"{progress.updates_total} updates); lower the learning rate or check the workload")
         if progress.stopped or condition(progress):
             return progress
         if any(w.left == "lost" for w in progress.workers.values()):
-            raise ProfilingError(f"run {run.run_id}: a worker was lost after {progress.updates_total} updates: "
-                                 f"{lost_worker_cause(run.run_dir)}")
+            raise ProfilingError(f"run {run.run_id}: a worker was lost after {progress.updates_total} updates; "
+                                 f"see {run.run_dir}/logs/")
         if time.monotonic() > deadline_s:
             raise ProfilingError(f"run {run.run_id}: not finished {what} "
                                  f"({progress.updates_total} updates so far)")

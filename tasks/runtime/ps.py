@@ -17,9 +17,10 @@ follow the consistent cuts of cuts.py; otherwise the server checkpoints atomical
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
-loss, a file <run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the
-local orchestrator, killed with no chance to clean up); it then tells each worker to stop at its
-next exchange and writes a final checkpoint.
+loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
+<run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the local
+orchestrator, killed with no chance to clean up); it then tells each worker to stop at its next
+exchange and writes a final checkpoint.
 
 Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
 When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import signal
 import sys
@@ -220,6 +222,13 @@ class ParameterServer:
             if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
                 return False
             if self.stopping or dropped == wire.DROPPED:
+                return False
+            if not math.isfinite(loss):  # diverged: its gradient would poison the parameters
+                self.telemetry.write("diverged", worker=worker_id, step=int(step), version=self.version, loss=repr(loss))
+                if not self.sharded:
+                    self.stopping = "diverged"
+                elif self.config.shard == 0:  # every shard refuses this push; the leader stops them all
+                    self.epochs.propose("diverged")
                 return False
             staleness = self.version - int(base_version)
             self.rule.observe(loss)
