@@ -8,7 +8,8 @@ import torch
 from tasks.errors import UserInputError
 from tasks.filling.attach import (DisabledFiller, FillConfig, assemble, build_worker_filler,
                                   parse_fill_config)
-from tasks.filling.models import MODEL_NAMES, build_workload, memory_needed_mb
+from tasks.filling.models import (MODEL_NAMES, InferenceWorkload, build_workload, forward_peak_bytes,
+                                  memory_needed_mb)
 from tasks.filling.trainloop import TrainingJob
 
 
@@ -83,6 +84,21 @@ def test_inference_models_run_and_their_memory_grows_with_batch(name):
         out = workload.model(workload.batch(6, 4))  # wraps around the dataset
     assert out.shape[0] == 4 and torch.isfinite(out).all()
     assert memory_needed_mb(workload, 64) > memory_needed_mb(workload, 1) > 0
+
+
+def test_a_forward_peak_counts_each_tensor_once_while_it_is_alive():
+    """Linear(10 -> 1000), ReLU, Linear(1000 -> 10): at the peak the first layer's output and the
+    ReLU's are alive together (the last layer's 10 floats with the ReLU's), never all three
+    layers summed or the parameters counted."""
+    model = torch.nn.Sequential(torch.nn.Linear(10, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 10)).eval()
+    workload = InferenceWorkload("mlp", model, torch.randn(8, 10))
+    assert [forward_peak_bytes(workload, b) for b in (1, 4)] == [4 * 2010, 4 * 4 * 2010]
+
+
+def test_a_fused_encoder_layer_is_measured_with_its_feed_forward_temporaries():
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=1024, batch_first=True).eval()
+    workload = InferenceWorkload("encoder", layer, torch.randn(8, 16, 64))
+    assert forward_peak_bytes(workload, 2) >= 2 * 16 * 1024 * 4  # the 16 x 1024 hidden layer per sample
 
 
 @pytest.fixture()

@@ -11,10 +11,14 @@ The two large ones are sized for a GPU (tens of ms per batch of 16 there; second
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 MODEL_NAMES = ("cnn", "transformer", "resnet50", "bert")
 
@@ -123,24 +127,60 @@ def build_workload(name: str, dataset_size: int = 1024, seed: int = 0) -> Infere
     return InferenceWorkload(name, model.eval(), data)
 
 
+ALLOCATOR_SLACK = 1.5  # a GPU's caching allocator rounds blocks up; convolutions take workspace
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak, over one forward, of the bytes held by tensors its operators made: each storage
+    counted once, for as long as a tensor made on it is alive (inputs and parameters not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self._alive: dict[tuple[int, int], list] = {}  # (storage address, bytes) -> weakrefs to its tensors
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                self._alive.setdefault((storage.data_ptr(), storage.nbytes()), []).append(weakref.ref(t))
+        live_bytes = 0
+        for key, refs in list(self._alive.items()):
+            refs = [r for r in refs if r() is not None]
+            if refs:
+                self._alive[key] = refs
+                live_bytes += key[1]
+            else:
+                del self._alive[key]
+        self.peak_bytes = max(self.peak_bytes, live_bytes)
+        return out
+
+
+class _Unfused(TorchFunctionMode):
+    """Any function mode turns off fused fast paths (nn.TransformerEncoderLayer's), whose
+    temporaries no dispatch mode sees; the unfused path holds at least as much."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def forward_peak_bytes(workload: InferenceWorkload, batch: int) -> int:
+    """What one forward pass at `batch` holds at its peak beyond its input and parameters."""
+    live = _LiveBytes()
+    with torch.inference_mode(), _Unfused(), live:
+        workload.model(workload.batch(0, batch).to(next(workload.model.parameters()).device))
+    return live.peak_bytes
+
+
 def memory_needed_mb(workload: InferenceWorkload, max_batch: int) -> float:
-    """Parameters + the dataset + the activations of one forward pass at max_batch (measured at
-    batch 1 with forward hooks on every module, scaled linearly, doubled for allocator slack).
-    Run it while the workload is still on the CPU, before anything is moved to a GPU."""
-    activation_bytes = 0
-
-    def count(_module, _inputs, output):
-        nonlocal activation_bytes
-        if isinstance(output, torch.Tensor):
-            activation_bytes += output.numel() * output.element_size()
-
-    hooks = [m.register_forward_hook(count) for m in workload.model.modules()]
-    try:
-        with torch.inference_mode():
-            workload.model(workload.batch(0, 1).to(next(workload.model.parameters()).device))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    """Parameters + the dataset + one input batch + a forward pass's peak at max_batch, times
+    ALLOCATOR_SLACK. The peak is measured at batch 1 and 2 and extrapolated linearly (it grows
+    with the batch like the activations it holds). Run it while the workload is still on the CPU,
+    before anything is moved to a GPU."""
+    one, two = forward_peak_bytes(workload, 1), forward_peak_bytes(workload, 2)
+    peak_bytes = max(one, two) + max(0, two - one) * (max_batch - 2)
     param_bytes = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     data_bytes = workload.dataset.numel() * workload.dataset.element_size()
-    return (param_bytes + data_bytes + 2 * activation_bytes * max_batch) / 2**20
+    input_bytes = data_bytes / max(1, len(workload.dataset)) * max_batch
+    return (param_bytes + data_bytes + ALLOCATOR_SLACK * (input_bytes + peak_bytes)) / 2**20
