@@ -260,14 +260,14 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     monkeypatch.setattr(gpu_check, "preflight", lambda: None)
     filling = gpu_check.filling_summary(fake_result(20.0))
 
-    def broken():
+    def broken(left_s):
         raise RuntimeError("CUDA out of memory\nsecond line")
 
-    def unfit():  # a user-input error inside a section is that section's, not the check's end
+    def unfit(left_s):  # a user-input error inside a section is that section's, not the check's end
         raise UserInputError("memory fit: too few points")
 
-    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda: filling, "runtime": broken,
-                                                "profile": unfit, "train": lambda: {"updates": 10}})
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda left_s: filling, "runtime": broken,
+                                                "profile": unfit, "train": lambda left_s: {"updates": 10}})
     assert main(["bench", "gpu", "--json"]) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)
@@ -281,6 +281,34 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     table = gpu_check.format_table(result)
     assert "Fake GPU" in table and "runtime" in table and "too few points" in table and "target online_p95_s <= 0.05: 0.01 met" in table
     assert "target rounds >= 3: 12 met" in table
+
+
+def test_gpu_check_tells_each_section_the_time_left_and_skips_one_with_none(monkeypatch):
+    from types import SimpleNamespace
+
+    from tasks.filling import gpu_check
+
+    fake_torch = SimpleNamespace(__version__="2.x", version=SimpleNamespace(cuda="13.0"),
+                                 cuda=SimpleNamespace(get_device_name=lambda: "Fake GPU"))
+    monkeypatch.setattr(gpu_check, "_require_cuda", lambda: fake_torch)
+    monkeypatch.setattr(gpu_check, "preflight", lambda: None)
+    told = []
+
+    def section(left_s):
+        told.append(left_s)
+        return {}
+
+    def spends_it_all(left_s):
+        told.append(left_s)
+        monkeypatch.setattr(gpu_check, "CHECK_BUDGET_S", 0.0)  # as if this section had taken it all
+        return {}
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": section, "runtime": spends_it_all,
+                                                "profile": section, "train": section})
+    budget_s = gpu_check.CHECK_BUDGET_S
+    result = gpu_check.run_bench()
+    assert len(told) == 2 and 0 < told[1] <= told[0] <= budget_s
+    assert result["profile"]["error"] == result["train"]["error"] == "TimeoutError: skipped: the check's 0 s were spent"
 
 
 def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_path):

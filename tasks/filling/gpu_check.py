@@ -12,12 +12,14 @@ In about five minutes on one GPU it runs, in this order:
 4. train: a short run of the runtime on the local provider (a PS and one worker on this GPU, links
    shaped to a tenth of the type's NIC) whose worker fills its bubbles with ResNet-50 inference,
    with the harvest and the compute slowdown it reports.
-A failing section records its error (one line) and the others still run. Before anything starts:
+A failing section records its error (one line) and the others still run; the whole check keeps
+within CHECK_BUDGET_S (the train section's window shortens to the time left). Before anything starts:
 no CUDA device -> one line, exit 2; inference models that do not fit the GPU's free memory -> one
 line naming the model, exit 2. Nothing reached from here imports Prefect or boto3.
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import statistics
@@ -38,6 +40,7 @@ TARGETS = {
     "online_p95_s": ("<=", 0.05),
     "online_served_share": (">=", 0.99),
 }
+CHECK_BUDGET_S = 330.0  # the whole check: six minutes less the interpreter's start and the output
 FILLING_MAX_S = 100.0  # no filling round starts after this (>= 3 rounds run regardless)
 MIN_ROUNDS = 3  # the retained figure is a median over at least this many rounds
 PROFILE_WORKLOAD, PROFILE_BATCHES = "resnet110-cifar100", (64, 128, 256, 512)
@@ -47,6 +50,7 @@ TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE = "resnet110-cifar100", 128, "p3.2xlarge
 TRAIN_WORKERS = 1
 TRAIN_WINDOW_S = 40.0  # training time after the first update
 TRAIN_FIRST_UPDATE_S = 90.0  # the worker starts, builds the model on the GPU and pushes once within this
+TRAIN_STOP_S = 20.0  # what the train section keeps of its time for stopping the run and reading the reports
 TRAIN_BANDWIDTH_SCALE = 0.1  # links at a tenth of the NIC: push + pull of 7 MB takes ~0.1 s
 TRAIN_FILL = {"model": "resnet50", "max_batch": 32, "dataset_size": 128, "slo_s": 0.05,
               "online_rate_per_s": 10.0, "margin_s": 0.001}
@@ -93,7 +97,7 @@ def mode_values(mode: dict) -> dict:
             "online_served_share": served_share(mode)}
 
 
-def filling_section() -> dict:
+def filling_section(*, left_s: float = math.inf) -> dict:
     return filling_summary(filling_bench.run_bench(quick=True, device="cuda", max_s=FILLING_MAX_S))
 
 
@@ -121,7 +125,7 @@ def filling_summary(result: dict) -> dict:
             "slo_s": st["fill_config"]["slo_s"], "elapsed_s": st["elapsed_s"]}
 
 
-def runtime_section() -> dict:
+def runtime_section(*, left_s: float = math.inf) -> dict:
     from tasks.runtime.bench import run_runtime_bench
 
     # The overhead cases at GPU sizes; not the scaling curves: they pad compute to an emulated
@@ -138,7 +142,7 @@ def _timed_step_s(job, step: int) -> float:
 
 
 def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, steps: int = 5,
-                    options: dict | None = None, device: str = "cuda") -> dict:
+                    options: dict | None = None, device: str = "cuda", *, left_s: float = math.inf) -> dict:
     """Step time (median of `steps` after one warm-up) and peak memory per batch size, the memory
     fit and the largest power-of-two batch the GPU's memory admits (`device` cpu: a dry run of
     the same code, memory as tasks.profiling.memory counts it there, 'GPU memory' = 16 GB)."""
@@ -155,6 +159,9 @@ def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, s
         del job
         if torch is not None:
             torch.cuda.empty_cache()
+    if torch is not None:  # what earlier sections left (a filler's reference cycle) would shift the peaks
+        gc.collect()
+        torch.cuda.empty_cache()
     described, points = measure_memory(workload, options, list(batches), device=device)
     fit = fit_memory([p.batch_per_gpu for p in points], [p.peak_bytes for p in points])
     total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if torch is not None else 16.0
@@ -166,16 +173,18 @@ def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, s
 
 def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLOAD,
                   options: dict | None = None, batch: int = TRAIN_BATCH, fill: dict = TRAIN_FILL,
-                  device: str = "cuda", artifacts_dir: Path | None = None) -> dict:
+                  device: str = "cuda", artifacts_dir: Path | None = None, *, left_s: float = math.inf) -> dict:
     """The runtime with filling on: a PS and TRAIN_WORKERS workers (--fill, --device; the
     inference model and sizes through $SPOTFILL_FILL_CONFIG), then the workers' own reports
-    (`device` cpu with small sizes: a dry run of the same code)."""
+    (`device` cpu with small sizes: a dry run of the same code). Within `left_s`: the first
+    update and the window end TRAIN_STOP_S before it (a shorter window says so in `window_s`)."""
     if device == "cuda":
         _require_cuda()
     from tasks.filling.attach import CONFIG_ENV, read_worker_metrics
     from tasks.providers.local import REPO, LocalProvider
     from tasks.runtime import driver
 
+    end_s = time.monotonic() + left_s - TRAIN_STOP_S
     provider = LocalProvider(artifacts_dir or REPO / "artifacts", bandwidth_scale=TRAIN_BANDWIDTH_SCALE)
     run_id = time.strftime("gpu-check-%Y%m%dT%H%M%S")
     run = driver.start_run(provider, run_id, workload, workload_options=options)
@@ -186,8 +195,10 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
     try:
         workers = provider.launch(run_id, "p0", TRAIN_TYPE, TRAIN_WORKERS, role="worker", market="spot",
                                   startup=startup).instances
-        first = _wait_while_workers_live(run, provider, workers, lambda p: p.updates_total > 0, TRAIN_FIRST_UPDATE_S)
+        first = _wait_while_workers_live(run, provider, workers, lambda p: p.updates_total > 0,
+                                         min(TRAIN_FIRST_UPDATE_S, end_s - time.monotonic()))
         started_s, updates_0 = time.monotonic(), first.updates_total
+        window_s = min(window_s, end_s - started_s)
         window = _wait_while_workers_live(run, provider, workers, lambda p: time.monotonic() - started_s >= window_s,
                                           window_s + 30)
         elapsed_s = time.monotonic() - started_s  # the window, not the shutdown after it
@@ -198,7 +209,7 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
     total = lambda key: sum(m.get(key) or 0 for m in workers)  # noqa: E731
     slowdowns = [m["compute_slowdown"] for m in workers if m.get("compute_slowdown") is not None]
     return {
-        "workload": f"{workload} batch {batch}", "workers": TRAIN_WORKERS, "inference": fill["model"], "updates": final.updates_total,
+        "workload": f"{workload} batch {batch}", "workers": TRAIN_WORKERS, "window_s": elapsed_s, "inference": fill["model"], "updates": final.updates_total,
         "updates_per_s": (window.updates_total - updates_0) / elapsed_s,
         "smoothed_loss": final.smoothed_loss, "workers_reporting": len(workers),
         "inference_samples": total("inference_samples"),
@@ -242,7 +253,9 @@ SECTIONS = {"filling": filling_section, "runtime": runtime_section, "profile": p
 
 def run_bench(quick: bool = True) -> dict:
     """Every section, in order (`quick` is accepted for the bench CLI; the check is always this
-    short). A section that fails records {"error": "..."}; the others still run."""
+    short). A section that fails records {"error": "..."}; the others still run. Each is told
+    the seconds left of CHECK_BUDGET_S (the train section shortens its window to fit); one that
+    would start with none left is skipped, with that as its error."""
     torch = _require_cuda()
     preflight()
     started_s = time.perf_counter()
@@ -250,8 +263,11 @@ def run_bench(quick: bool = True) -> dict:
               "cuda": torch.version.cuda}
     for name, section in SECTIONS.items():
         t0 = time.perf_counter()
+        left_s = CHECK_BUDGET_S - (t0 - started_s)
         try:
-            result[name] = section()
+            if left_s <= 0:
+                raise TimeoutError(f"skipped: the check's {CHECK_BUDGET_S:g} s were spent")
+            result[name] = section(left_s=left_s)
         except Exception as err:  # keep the other sections' numbers; say what broke, in one line
             result[name] = {"error": error_line(err)}
         result[name]["section_s"] = time.perf_counter() - t0
