@@ -239,3 +239,20 @@ def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
     r = model.evaluate(model.counts_vector(plan), 0.8)
     assert curve.updates_to(0.8) == pytest.approx(float(r["iterations"][0]), rel=1e-12)
     assert texp_s == pytest.approx(float(r["iteration_time_s"][0]), rel=1e-12)
+
+
+def test_the_verdict_says_why_training_stopped_early(tmp_path):
+    from tasks.pipeline.report import verdict
+    from tasks.pipeline.session import TrainingSession
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    result = {"met": False, "ended": "stopped", "stopped": "diverged", "final_loss": 2.5, "observed_time_s": 12.0,
+              "spent_usd": 0.01, "ps_spent_usd": 0.001}
+    harvested = {"offline_samples": 0, "online_requests": 0}
+    said = verdict(session, result, harvested)
+    assert said.startswith("SLO missed") and "training stopped early: the loss became NaN or infinite (diverged)" in said
+    assert "stopped early" not in verdict(session, {**result, "ended": "deadline"}, harvested)
+    assert "stopped early: stop_file" in verdict(session, {**result, "stopped": "stop_file"}, harvested)

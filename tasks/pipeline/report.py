@@ -110,9 +110,22 @@ def stopped_report_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+STOP_CAUSES = {  # a PS stop reason the verdict spells out (others are shown as they are)
+    "diverged": "the loss became NaN or infinite (diverged): lower the learning rate or check the workload",
+}
+
+
+def stop_cause(result: dict) -> str:
+    """'; training stopped early: WHY' when the PS stopped before the run was done, else ''."""
+    if result.get("ended") != "stopped" or not result.get("stopped"):
+        return ""
+    return f"; training stopped early: {STOP_CAUSES.get(result['stopped'], result['stopped'])}"
+
+
 def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
-    """One paragraph: met or missed, against the plan training started with; the plan in effect
-    at the end; the re-plans and what the market refused."""
+    """One paragraph: met or missed, against the plan training started with; why training
+    stopped, if it stopped early; the plan in effect at the end; the re-plans and what the
+    market refused."""
     slo = session.request.slo
     first = session.started_plan
     word = "SLO met" if result["met"] else "SLO missed"
@@ -126,7 +139,7 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     shortfall = (f"; the market refused {refused} instance(s) "
                  f"({', '.join(sorted({s['type'] for s in session.shortfalls}))})" if refused else "")
     return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
-            f"{slo.deadline_s:g} s (predicted {predicted_t}); cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
+            f"{slo.deadline_s:g} s (predicted {predicted_t}){stop_cause(result)}; cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
             f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); final plan "
             f"{plan_text(session.plans[-1].plan) if session.plans else 'n/a'}; "
             f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}; "
