@@ -46,7 +46,7 @@ def test_cuda_asked_for_without_a_device_is_a_clear_error():
 @pytest.mark.parametrize("fill_config, device, fragment", [
     ('{"model": "cnn", "max_batch": 4096, "memory_budget_mb": 1}', "cpu",
      "inference model cnn needs ~"),
-    pytest.param("{}", "cuda", "device is cuda but torch sees no CUDA device",
+    pytest.param("{}", "cuda", "--device cuda: torch sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")),
 ])
 def test_a_worker_with_filling_refuses_bad_inference_before_it_connects(fill_config, device, fragment):
