@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -110,3 +111,15 @@ def test_clusters_that_share_no_loss_band_within_the_budget_say_to_raise_it(prov
         profile_clusters(provider, "flat-clusters", spec, [m], [{"p3.2xlarge": 2}, {"p3.2xlarge": 1}],
                          duration_s=1.0, ps_megabits_per_s=1000.0, budget_s=20.0)
     _assert_nothing_left(provider)
+
+
+def test_training_a_diverging_workload_stops_and_exits_1_with_one_line(tmp_path, capsys):
+    from tasks.cli import main
+
+    status = main(["train", "--workload", "tests.profiling_workloads:diverging", "--workers", "p3.2xlarge=1",
+                   "--batch-size", "8", "--max-updates", "500", "--timeout-s", "120", "--json",
+                   "--artifacts", str(tmp_path / "artifacts")])
+    out, err = capsys.readouterr()
+    assert status == 1 and json.loads(out)["stopped"] == "diverged"
+    (line,) = [line for line in err.splitlines() if line.startswith("spotfill: ")]
+    assert "the loss diverged (NaN or infinite" in line

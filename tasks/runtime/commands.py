@@ -48,6 +48,7 @@ def max_local_workers() -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from tasks.cli import print_json
@@ -116,4 +117,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"run {run_id}: {result['updates']} updates, {result['samples']} samples, smoothed loss {loss}, "
               f"stopped by {result['stopped']}, {result['elapsed_s']:.1f} s")
         print(f"telemetry: {run.run_dir}/telemetry.jsonl")
+    if final.stopped == "diverged":
+        sys.stderr.write(f"spotfill: the loss diverged (NaN or infinite after {final.updates_total} updates); "
+                         "lower the learning rate or check the workload\n")
+        return 1
     return 0
