@@ -1,6 +1,6 @@
 """`spotfill bench gpu [--json]`: the one prepared check for a machine with a CUDA GPU.
 
-In about five minutes on one GPU it runs, in this order:
+Aiming at CHECK_BUDGET_S (330 s) on one GPU, it runs in this order:
 1. filling: `bench filling` on the GPU at realistic sizes (resnet110-cifar100 at batch 128 trains,
    a ResNet-50-shaped CNN at 224x224 serves, 20 online requests/s with a 50 ms SLO, the bubble of
    a p3.2xlarge from the profile), >= 3 interleaved rounds per mode, checked against the targets;
@@ -12,10 +12,11 @@ In about five minutes on one GPU it runs, in this order:
 4. train: a short run of the runtime on the local provider (a PS and one worker on this GPU, links
    shaped to a tenth of the type's NIC) whose worker fills its bubbles with ResNet-50 inference,
    with the harvest and the compute slowdown it reports.
-A failing section records its error (one line) and the others still run; the whole check keeps
-within CHECK_BUDGET_S (the train section's window shortens to the time left). Before anything starts:
-no CUDA device -> one line, exit 2; inference models that do not fit the GPU's free memory -> one
-line naming the model, exit 2. Nothing reached from here imports Prefect or boto3.
+A failing section records its error (one line) and the others still run; each is told the time
+left of CHECK_BUDGET_S (the train section's window shortens to fit; one with none left is
+skipped). Before anything starts: no CUDA device -> one line, exit 2; inference models that do not
+fit the GPU's free memory -> one line naming the model, exit 2. Nothing reached from here imports
+Prefect or boto3.
 """
 from __future__ import annotations
 
