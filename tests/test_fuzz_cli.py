@@ -205,6 +205,18 @@ def test_output_paths(sandbox, kind, name):  # class 5
     refuses(sandbox, ["catalog", "build", "--out", target])
 
 
+def test_an_output_path_that_is_a_link_or_a_device_is_refused_and_left_as_it_is(sandbox, tmp_path):  # class 5
+    """The write replaces the path with a new file: as root, `--out /dev/null` would replace the
+    device with a plain file."""
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    for target in (link, Path(os.devnull)):
+        line = refuses(sandbox, ["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--out", str(target)])
+        assert "not a regular file" in line
+    assert link.is_symlink() and not (tmp_path / "elsewhere.json").exists()
+    assert Path(os.devnull).is_char_device()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_output_folder(sandbox, tmp_path):  # class 5
     locked = sandbox / "locked"

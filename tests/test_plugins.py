@@ -46,6 +46,7 @@ def test_tuple_plugins_get_the_stated_defaults():
     ("tests.plugins.broken:nan_loss", "the loss of the first batch is nan"),
     ("tests.plugins.broken:shape_mismatch", "loss_fn(model(inputs), targets) failed: RuntimeError"),
     ("tests.plugins.broken:raises", "failed while building: RuntimeError: dataset not found"),
+    ("tests.plugins.broken:exits", "called sys.exit('the plug-in gave up') while building"),
 ])
 def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp_path, capsys, monkeypatch):
     from tasks import cli
@@ -90,3 +91,13 @@ def test_the_guide_example_trains_on_mixed_workers_from_a_folder_outside_the_rep
     result = json.loads(done.stdout)
     assert result["updates"] >= 300 and result["stopped"] == "max_updates"
     assert result["smoothed_loss"] < 1.0  # from about 11 (the targets' variance is 16)
+
+
+def test_a_plugin_that_prints_and_reads_tensor_values_passes_the_checks_with_stdout_left_alone(capsys):
+    """stdout is for --json's one object: a plug-in's prints go to stderr; and a builder that reads a
+    value (.item()) is built for real where the meta-device size check cannot run it."""
+    from tasks.cli_args import check_workload as check_before_start
+
+    check_before_start("tests.plugins.broken:talks_and_reads_its_data", {})
+    out, err = capsys.readouterr()
+    assert out == "" and "building my model..." in err

@@ -16,6 +16,7 @@ The user's guide is docs/plugins.md.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -239,6 +240,17 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
     return options
 
 
+@contextlib.contextmanager
+def plugin_code(spec: str, doing: str):
+    """Around a plug-in's own code: what it prints goes to stderr (stdout is for one JSON object),
+    and a sys.exit() inside it (an argparse at import, say) is its failure, not this process's."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as err:
+        raise UserInputError(f"workload plug-in {spec!r} called sys.exit({err.code!r}) while {doing}") from None
+
+
 def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
     """The function that builds a built-in or `module:function` workload; a bad name is a
     UserInputError naming what is known. Like `python -m`, the current folder is searched for the
@@ -250,7 +262,10 @@ def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
         if os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())
         try:
-            module = importlib.import_module(module_name)
+            with plugin_code(spec, "being imported"):
+                module = importlib.import_module(module_name)
+        except UserInputError:
+            raise
         except Exception as err:  # ImportError, or the module's own code failing on import
             raise UserInputError(f"workload plug-in {spec!r}: cannot import {module_name!r} "
                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
@@ -267,7 +282,8 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
     options = options or {}
     builder = resolve_builder(spec)
     try:
-        built = builder(**options)
+        with plugin_code(spec, "building"):
+            built = builder(**options)
     except TypeError as err:
         raise UserInputError(f"workload {spec!r} rejects options {options}: {err}") from None
     except UserInputError:
@@ -303,9 +319,14 @@ def check_workload(spec: str, options: dict | None = None, batch_size: int = 2) 
     any parameter server or worker starts: a batch source that yields no (inputs, targets) pair,
     a loss that is not a finite scalar, or a loss that does not reach the parameters is one
     UserInputError naming the cause."""
+    workload = build_workload(spec, options)
+    with plugin_code(spec, "training one step"):
+        return _one_step(spec, workload, batch_size)
+
+
+def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:
     import copy
 
-    workload = build_workload(spec, options)
     model = copy.deepcopy(workload.model)
     where = f"workload {spec!r}"
     try:

@@ -54,3 +54,18 @@ def never_learns():
     """Passes every check, but its loss is the same whatever the parameters: no loss band."""
     model, batches, _ = regression()
     return model, batches, lambda out, target: (0.0 * out).sum() + 1.0
+
+
+def exits():
+    import sys
+
+    sys.exit("the plug-in gave up")
+
+
+def talks_and_reads_its_data():
+    """A valid plug-in that prints as it builds and reads a tensor's value (which the meta device
+    used for the size check cannot give)."""
+    print("building my model...")
+    model, batches, loss_fn = regression()
+    scale = torch.ones(3).mean().item()
+    return model, batches, lambda out, y: scale * loss_fn(out, y)
