@@ -101,3 +101,17 @@ def test_a_plugin_that_prints_and_reads_tensor_values_passes_the_checks_with_std
     check_before_start("tests.plugins.broken:talks_and_reads_its_data", {})
     out, err = capsys.readouterr()
     assert out == "" and "building my model..." in err
+
+
+def test_training_whose_workers_all_exit_ends_at_once_with_exit_1_and_the_workers_last_words(tmp_path, capsys):
+    """A worker whose batches run out dies; with none left the run cannot go on: `train` ends
+    without waiting out --timeout-s, says why in one line and exits 1 (not 0, 'stopped by stop_file')."""
+    from tasks import cli
+
+    status = cli.main(["train", "--workload", "tests.plugins.broken:runs_out", "--workers", "p3.2xlarge=1",
+                       "--batch-size", "8", "--max-updates", "50", "--timeout-s", "600", "--json",
+                       "--artifacts", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert status == 1 and json.loads(out)["stopped"] == "workers_gone"
+    (line,) = [line for line in err.splitlines() if line.startswith("spotfill: ")]
+    assert "every worker exited" in line and "batches ran out after 2 steps" in line

@@ -237,15 +237,9 @@ def _wait_while_workers_live(run, provider, workers, condition, timeout_s: float
             return True
         if ids & {i.instance_id for i in provider.describe(run.run_id)}:
             return False
-        raise RuntimeError(f"every worker exited; {_last_log_line(run.run_dir, sorted(ids)[0])}")
+        raise RuntimeError(f"every worker exited; {driver.last_log_line(run.run_dir, sorted(ids)[0])}")
 
     return driver.wait_for(run, done_or_dead, timeout_s=timeout_s, poll_s=0.5)
-
-
-def _last_log_line(run_dir: Path, instance_id: str) -> str:
-    log = run_dir / "logs" / f"{instance_id}.log"
-    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
-    return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
 
 
 SECTIONS = {"filling": filling_section, "runtime": runtime_section, "profile": profile_section,

@@ -93,18 +93,25 @@ def _train(args: argparse.Namespace) -> int:
             provider.replay_trace(run_id, args.trace, args.trace_time_scale, args.notice_s)
         bar = ProgressBar(args.max_updates or 1, f"train {run_id}")
         deadline_s = started_s + args.timeout_s
+        workers = [i.instance_id for i in provider.describe(run_id) if i.role == "worker"]
+        ended = {}  # why this command stopped the run, when the PS had not stopped by itself
 
         def done(progress) -> bool:
             bar.advance(max(0, progress.updates_total - bar.done), f"loss {progress.smoothed_loss or float('nan'):.3f}")
-            return time.monotonic() >= deadline_s
+            if time.monotonic() >= deadline_s:
+                ended["why"] = "timeout"
+            elif not any(i.role == "worker" for i in provider.describe(run_id)):
+                ended["why"] = "workers_gone"  # crashed or revoked: nobody is left to train
+            return bool(ended)
 
-        driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
+        stopped_by_ps = driver.wait_for(run, done, timeout_s=args.timeout_s + 60).stopped
         bar.close()
         final = driver.stop_run(run)
     finally:
         provider.cleanup(run_id)
+    stopped = stopped_by_ps or ended.get("why") or final.stopped
     result = {
-        "run_id": run_id, "run_dir": str(run.run_dir), "stopped": final.stopped,
+        "run_id": run_id, "run_dir": str(run.run_dir), "stopped": stopped,
         "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
         "elapsed_s": time.monotonic() - started_s, "resumes": final.resumes,
         "workers": {str(w): {"instance_type": s.instance_type, "updates": s.updates, "samples": s.samples,
@@ -117,8 +124,12 @@ def _train(args: argparse.Namespace) -> int:
         print(f"run {run_id}: {result['updates']} updates, {result['samples']} samples, smoothed loss {loss}, "
               f"stopped by {result['stopped']}, {result['elapsed_s']:.1f} s")
         print(f"telemetry: {run.run_dir}/telemetry.jsonl")
-    if final.stopped == "diverged":
+    if stopped == "diverged":
         sys.stderr.write(f"spotfill: the loss diverged (NaN or infinite after {final.updates_total} updates); "
                          "lower the learning rate or check the workload\n")
+        return 1
+    if stopped == "workers_gone":
+        sys.stderr.write(f"spotfill: every worker exited after {final.updates_total} updates; "
+                         f"{driver.last_log_line(run.run_dir, workers[-1])}\n")
         return 1
     return 0

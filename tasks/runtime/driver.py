@@ -174,6 +174,13 @@ def wait_for(run: TrainingRun, condition: Callable[[ClusterProgress], bool], tim
         time.sleep(poll_s)
 
 
+def last_log_line(run_dir: Path, instance_id: str) -> str:
+    """"ID's log ends: LINE": what a process that exited said last (its error, usually)."""
+    log = run_dir / "logs" / f"{instance_id}.log"
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
+
+
 def stop_run(run: TrainingRun, timeout_s: float = 60.0) -> ClusterProgress:
     """Ask the PS to stop (workers hear it at their next exchange), wait for it, then terminate
     every instance of the run."""

@@ -291,7 +291,11 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 t0 = time.monotonic()
                 with _link_errors():
                     pusher.start(shards.links, shards.headers([wire.PUSH, step, config.batch_size]))
-                inputs, targets = next(batches)
+                try:
+                    inputs, targets = next(batches)
+                except StopIteration:
+                    raise UserInputError(f"the workload's batches ran out after {step} steps: batches(batch_size, "
+                                         "seed) must yield batches for as long as training runs") from None
                 with puller.landing():
                     outputs = model(inputs)
                 loss = workload.loss_fn(outputs, targets)

@@ -69,3 +69,15 @@ def talks_and_reads_its_data():
     model, batches, loss_fn = regression()
     scale = torch.ones(3).mean().item()
     return model, batches, lambda out, y: scale * loss_fn(out, y)
+
+
+def runs_out():
+    """Passes the checks (one batch), then its batch source ends after the first step."""
+    model, batches, loss_fn = regression()
+
+    def two_batches(batch_size, seed):
+        source = batches(batch_size, seed)
+        yield next(source)
+        yield next(source)
+
+    return model, two_batches, loss_fn
