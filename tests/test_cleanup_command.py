@@ -30,3 +30,22 @@ def test_cleanup_command_terminates_a_crashed_local_run(tmp_path, capsys):
     reply = json.loads(capsys.readouterr().out)
     assert (reply["provider"], reply["terminated"]) == ("local", 1)
     assert LocalProvider(artifacts_dir=tmp_path).describe("crashed-run") == []
+
+
+def test_an_instance_table_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys):
+    import pytest
+
+    from tasks.errors import UserInputError
+
+    table = tmp_path / "r1" / "instances.json"
+    table.parent.mkdir()
+    for text, fragment in (("{}", "is not one spotfill wrote"), ("[]", "is not one spotfill wrote"),
+                           ('{"instances": [{"pid": 1}], "events": [], "next_id": 0}', "is not one spotfill wrote"),
+                           ("", "not valid JSON")):
+        table.write_text(text)
+        assert main(["cleanup", "--run-id", "r1", "--provider", "local", "--artifacts", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(table) in err and fragment in err, err
+    table.write_text("{}")
+    with pytest.raises(UserInputError, match="is not one spotfill wrote"):
+        LocalProvider(tmp_path).describe("r1")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from tasks import run_registry
 from tasks.errors import UserInputError
+from tasks.inputs import read_json
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
@@ -86,6 +87,18 @@ def child_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries))
 
 
+ROW_KEYS = frozenset({"instance_id", "type", "role", "market", "state", "run_id", "plan_id", "address",
+                      "launched_at_s", "pid", "start_ticks", "notice_file", "notice_deadline_s"})
+
+
+def _is_table(table) -> bool:
+    """The shape _save writes: {"instances": [row, ...], "events": [...], "next_id": int}."""
+    return (isinstance(table, dict) and isinstance(table.get("instances"), list)
+            and isinstance(table.get("events"), list) and type(table.get("next_id")) is int
+            and all(isinstance(row, dict) and ROW_KEYS <= row.keys() and type(row["pid"]) is int
+                    for row in table["instances"]))
+
+
 class LocalProvider(Provider):
     name = "local"
 
@@ -127,7 +140,11 @@ class LocalProvider(Provider):
         path = self.run_dir(run_id) / TABLE
         if not path.exists():
             return {"instances": [], "events": [], "next_id": 0}
-        return json.loads(path.read_text())
+        table = read_json(path, "instance table")
+        if not _is_table(table):
+            raise UserInputError(f"instance table {path} is not one spotfill wrote (edited by hand?), so it "
+                                 "cannot tell which processes that run started")
+        return table
 
     def _save(self, run_id: str, table: dict) -> None:
         path = self.run_dir(run_id) / TABLE
