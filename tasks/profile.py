@@ -96,7 +96,10 @@ class Profile(BaseModel):
         `fit_quality.loss-curve.workers`): outside that range a prediction extrapolates the curve's
         n-shape, so the planner plans no smaller cluster (docs/model.md). None: not recorded (a
         profile built from published numbers, as the shipped resnet110 one)."""
-        curve = ((self.model_extra or {}).get("fit_quality") or {}).get("loss-curve") or {}
+        quality = (self.model_extra or {}).get("fit_quality") or {}
+        curve = quality.get("loss-curve") or {} if isinstance(quality, dict) else None
+        if not isinstance(curve, dict):
+            raise UserInputError(f"fit_quality must be an object whose loss-curve is an object, got {quality!r:.80}")
         span = curve.get("workers")
         if span is None:
             return None

@@ -394,3 +394,10 @@ def test_a_malformed_fitted_range_is_refused_at_load(span):
     data = load_profile(SHIPPED_PROFILE).model_dump() | {"fit_quality": {"loss-curve": {"workers": span}}}
     with pytest.raises(UserInputError, match=r"^p: fit_quality.loss-curve.workers must be"):
         profile_from_dict(data, source="p")
+
+
+@pytest.mark.parametrize("quality", [[1], "x", {"loss-curve": 5}, {"loss-curve": [2, 7]}])
+def test_a_fit_report_of_the_wrong_shape_is_refused_at_load(quality):
+    data = load_profile(SHIPPED_PROFILE).model_dump() | {"fit_quality": quality}
+    with pytest.raises(UserInputError, match=r"^p: fit_quality must be an object whose loss-curve is an object"):
+        profile_from_dict(data, source="p")

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel
 
+from tasks.errors import UserInputError
 from tasks.intervals import DEFAULT_LEVEL, time_interval_s
 from tasks.model import Model
 from tasks.profile import Contention, LossCurve, Profile
@@ -110,6 +111,11 @@ class ValidationReport(BaseModel):
     plot: str | None = None
 
 
+def _recorded_form(profile: Profile):
+    quality = (profile.model_extra or {}).get("fit_quality") or {}
+    return quality.get("form") if isinstance(quality, dict) else None
+
+
 def contention_blind(profile: Profile) -> Model:
     return Model.from_profile(profile.model_copy(update={"ps_bandwidth_mbps": UNLIMITED_MBPS}))
 
@@ -117,11 +123,16 @@ def contention_blind(profile: Profile) -> Model:
 def paper_form(profile: Profile) -> Profile:
     """The profile with the paper's form as its fit recorded it (fit.form's "paper" candidate);
     the profile itself when its fit recorded no choice of form."""
-    candidates = ((profile.model_extra or {}).get("fit") or {}).get("form", {}).get("candidates", [])
-    paper = next((c for c in candidates if c["name"] == "paper"), None)
-    if paper is None:
-        return profile
-    return profile.model_copy(update={"contention": Contention(**paper["contention"]), "loss": LossCurve(**paper["loss"])})
+    try:
+        candidates = ((profile.model_extra or {}).get("fit") or {}).get("form", {}).get("candidates", [])
+        paper = next((c for c in candidates if c["name"] == "paper"), None)
+        if paper is None:
+            return profile
+        return profile.model_copy(update={"contention": Contention(**paper["contention"]),
+                                          "loss": LossCurve(**paper["loss"])})
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise UserInputError(f"the profile's fit.form is not the shape spotfill writes ({type(err).__name__}: "
+                             f"{str(err)[:80]})") from None
 
 
 def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_times_s: list[float]) -> float:
@@ -326,7 +337,7 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
         median_speed_time_error=statistics.median(r.speed_time_error for r in results),
         baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
         median_compute_stretch=statistics.median(r.compute_stretch for r in results),
-        form=((profile.model_extra or {}).get("fit_quality") or {}).get("form"), interval_level=level,
+        form=_recorded_form(profile), interval_level=level,
         coverage=coverage(results), wall_s=time.monotonic() - started_s,
     )
     if plot_path is not None:
