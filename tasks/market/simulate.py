@@ -9,6 +9,14 @@ from tasks import cli_args
 
 FULL_REPLAYS = 200
 QUICK_REPLAYS = 20
+MAX_BAND_STRESS = 1e5  # a typo's guard: the traces calibrate about 600; 1e9 kept a quick replay going past 40 s
+
+
+def band_stress(text: str) -> float:
+    value = cli_args.positive_float(text)
+    if value > MAX_BAND_STRESS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_BAND_STRESS:g}, got {text}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--traces", nargs="+", default=None, help="trace files (default: profiles/traces/*.csv)")
     p.add_argument("--band", type=cli_args.counts, default={},
                    help="TYPE=B,...: interruption band 0..4 for types the catalog has none for")
-    p.add_argument("--band-stress", type=cli_args.positive_float, default=None,
-                   help="multiply band hazards by this (default: calibrated on the traces)")
+    p.add_argument("--band-stress", type=band_stress, default=None,
+                   help=f"multiply band hazards by this, at most {MAX_BAND_STRESS:g} (default: calibrated on the traces)")
     p.add_argument("--synthetic", action="store_true",
                    help="revoke every type by a Poisson process at its hazard (trace rate or band) "
                         "instead of replaying trace windows")
