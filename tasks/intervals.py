@@ -31,7 +31,11 @@ def time_factor(profile: Profile, level: float, what: str = "level") -> float:
     if profile.uncertainty is None:
         raise UserInputError(f"profile {profile.workload!r} has no uncertainty.time_log_sd (the error spread "
                              f"`spotfill profile` measures), so it gives no interval for {what} {level}")
-    return math.exp(NormalDist().inv_cdf(0.5 + level / 2.0) * profile.uncertainty.time_log_sd)
+    try:
+        return math.exp(NormalDist().inv_cdf(0.5 + level / 2.0) * profile.uncertainty.time_log_sd)
+    except OverflowError:
+        raise UserInputError(f"profile {profile.workload!r}: uncertainty.time_log_sd = "
+                             f"{profile.uncertainty.time_log_sd:g} gives an interval beyond any number") from None
 
 
 def time_interval_s(profile: Profile, level: float, predicted_s: float) -> tuple[float, float]:

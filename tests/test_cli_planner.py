@@ -146,3 +146,18 @@ def test_a_fitted_profile_flags_extrapolation_and_plans_within_its_fitted_sizes(
     assert sum(plan["plan"].values()) >= 2 and plan["min_workers"] == 2
     shipped = json.loads(spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "1e6", "--json").stdout)
     assert sum(shipped["plan"].values()) == 1 and "min_workers" not in shipped
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("param_mb", 1e308, "iterations = inf; check the magnitudes of its fields"),
+    ("uncertainty", {"time_log_sd": 1e308}, "gives an interval beyond any number"),
+])
+def test_profile_numbers_too_large_to_compute_with_are_an_error_not_an_infinite_answer(tmp_path, field, value, fragment):
+    data = json.loads(SHIPPED_PROFILE.read_text()) | {field: value}
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(data))
+    r = spotfill("predict", str(path), "--cluster", "g3.8xlarge=1", "--loss", "0.8", "--json")
+    assert r.returncode == 2 and r.stdout == "" and fragment in r.stderr and r.stderr.count("\n") == 1
+    if field == "param_mb":
+        r = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "3000")
+        assert r.returncode == 2 and "no cluster a finite time" in r.stderr

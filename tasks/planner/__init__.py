@@ -47,7 +47,10 @@ def solve_problem(problem: Problem) -> PlanResult:
         msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas{floor} takes "
                f"{fastest * problem.time_factor:.1f} s{' there' if at else ''} and {have:.1f} s are available"
                + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
-        if solver == "heuristic" and np.isfinite(fastest) and fastest <= have:
+        if not np.isfinite(fastest):
+            msg = (f"no plan: the profile's numbers give no cluster a finite time (the fastest takes {fastest} s); "
+                   "check the magnitudes of its fields")
+        elif solver == "heuristic" and fastest <= have:
             msg = (f"the heuristic found no plan within its size bounds; the exact solver may "
                    f"(the fastest plan takes {fastest:.1f} s, {have:.1f} s are available)")
         return make_result(problem, None, solver, "infeasible", elapsed, evaluated, fastest, msg)

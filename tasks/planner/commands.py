@@ -44,6 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=plan)
 
 
+def require_finite(values: dict, source: str) -> None:
+    """A prediction with an infinite or NaN number comes from profile numbers too large to compute
+    with (a param_mb of 1e308, say): say so, never print it as an answer."""
+    import math
+
+    from tasks.errors import UserInputError
+
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(f"{source}: its numbers give {name} = {value}; check the magnitudes of its fields")
+
+
 def predict(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
     from tasks.errors import UserInputError
@@ -65,6 +77,7 @@ def predict(args: argparse.Namespace) -> int:
         "expected_iteration_time_s": r["iteration_time_s"], "speed": r["speed"], "wa_batch": r["wa_batch"],
         "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
     }
+    require_finite(out, args.profile)
     fitted = profile.fitted_workers
     if fitted is not None:  # outside the sizes the loss curve was fitted on, the n-shape is extrapolated
         out["fitted_workers"] = list(fitted)
@@ -73,6 +86,7 @@ def predict(args: argparse.Namespace) -> int:
         low_s, high_s = time_interval_s(profile, args.level, r["time_s"])
         out["interval"] = {"level": args.level, "time_s": [low_s, high_s],
                            "cost_usd": [low_s / 3600 * r["usd_per_h"], high_s / 3600 * r["usd_per_h"]]}
+        require_finite({"interval's upper time": high_s}, args.profile)
     if args.json:
         print_json(out)
         return 0
@@ -106,6 +120,8 @@ def plan(args: argparse.Namespace) -> int:
         confidence=args.confidence, min_workers=args.min_workers,
     )
     result = solve(request)
+    require_finite({"predicted time": result.predicted_time_s, "predicted cost": result.predicted_cost_usd},
+                   args.profile)
     if args.out:
         atomic_write_json(args.out, result.to_json())
     if args.json:
