@@ -32,11 +32,26 @@ COMMAND_MODULES = [
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the problem (exit 2)."""
+    """argparse, but a usage error is one line naming the problem (exit 2), and an option that
+    takes one value may be given once: argparse would keep the last (`--loss 1.8 --loss 9`) without
+    a word."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        args = sys.argv[1:] if args is None else list(args)
+        seen: set[str] = set()
+        for token in args:
+            if token == "--":
+                break
+            action = self._option_string_actions.get(token.split("=", 1)[0])
+            if type(action) is argparse._StoreAction:  # one value; append, count and flags may repeat
+                if action.dest in seen:
+                    self.error(f"{'/'.join(action.option_strings)} given twice")
+                seen.add(action.dest)
+        return super().parse_known_args(args, namespace)
 
 
 @functools.cache

@@ -217,6 +217,27 @@ def test_an_output_path_that_is_a_link_or_a_device_is_refused_and_left_as_it_is(
     assert Path(os.devnull).is_char_device()
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=4", "--cluster", f"{LOCAL_TYPE}=1"],
+     "--cluster given twice"),
+    (["plan", PROFILE, "--loss=0.8", "--deadline", "3000", "--loss=0.9"], "--loss given twice"),
+    (["predict", PROFILE, "--loss", "0_8", "--cluster", f"{LOCAL_TYPE}=1"], "not a number: '0_8'"),
+    (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1_0"], "is not an integer: '1_0'"),
+    (["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "1_6"], "not an integer: '1_6'"),
+])
+def test_a_repeated_option_or_a_digit_separator_is_refused_not_read_as_the_last_or_a_larger_number(sandbox, argv, fragment):
+    assert fragment in refuses(sandbox, argv)
+
+
+def test_options_that_collect_may_repeat(sandbox):
+    """--workload-opt appends: given twice it is two values, not an error."""
+    from tasks.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1",
+                                      "--batch-size", "4", "--workload-opt", "width=2", "--workload-opt", "depth=8"])
+    assert args.workload_opt == ["width=2", "depth=8"]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_output_folder(sandbox, tmp_path):  # class 5
     locked = sandbox / "locked"

@@ -16,6 +16,8 @@ from tasks.runtime import driver, ps, worker
     (worker.main, ["--ps", "localhost", "--workload", "resnet20", "--batch-size", "8"], "PS address must be HOST:PORT"),
     (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--workload-opt", "w"],
      "workload option must be key=value"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--workload-opt", "width=-1",
+                   "--workload-opt", "width=2"], "workload option width given twice"),
     (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--piece-mb", "0"],
      "--piece-mb: must be a positive number"),
     (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--device", "gpu0"],

@@ -229,6 +229,8 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise UserInputError(f"workload option must be key=value, got {item!r}")
+        if key in options:
+            raise UserInputError(f"workload option {key} given twice")
         for cast in (int, float):
             try:
                 options[key] = cast(value)
