@@ -59,13 +59,23 @@ class Shared(nn.Module):
         return x.sum()
 
 
-def _pushes(model: nn.Module, shards: int, steps: int, before_step=lambda step: None):
-    """Run `steps` pushes through a Pusher on fake links; per step, what each link got."""
+def _pushes(model: nn.Module, shards: int, steps: int, before_step=lambda step: None, threaded: bool = False):
+    """Run `steps` pushes through a Pusher on fake links; per step, what each link got.
+    `threaded`: through the CUDA path's sender thread, a host copy standing for the bus copy."""
     bound = flat.bind(model)
     clock = {"in_backward": False}
     links = [FakeLink(clock) for _ in range(shards)]
     ranges = flat.shard_ranges(bound.layout.numel, shards)
-    pusher = Pusher(bound, ranges, bound.push, piece_numel=20)
+    host = torch.empty_like(bound.push) if threaded else bound.push
+    pusher = Pusher(bound, ranges, host, piece_numel=20, threaded=threaded)
+    try:
+        return _run_pushes(model, bound, pusher, links, ranges, steps, before_step, clock)
+    finally:
+        pusher.close()
+
+
+def _run_pushes(model, bound, pusher, links, ranges, steps, before_step, clock):
+    shards = len(links)
     out = []
     for step in range(steps):
         for link in links:
@@ -84,10 +94,13 @@ def _pushes(model: nn.Module, shards: int, steps: int, before_step=lambda step: 
     return out
 
 
+@pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("shards", [1, 2, 3])
-def test_pieces_leave_during_backward_from_the_second_push_and_carry_the_final_gradient(shards):
+def test_pieces_leave_during_backward_from_the_second_push_and_carry_the_final_gradient(shards, threaded):
+    """Threaded (the CUDA path's sender thread): the same pieces, each once, each the final
+    gradient; when the thread sends them is its own, so only the hooks' path is timed."""
     torch.manual_seed(0)
-    for step, (sent, push, ranges, dropped) in enumerate(_pushes(Shared(), shards, steps=3)):
+    for step, (sent, push, ranges, dropped) in enumerate(_pushes(Shared(), shards, steps=3, threaded=threaded)):
         early = 0
         for shard, (lo, hi) in enumerate(ranges):
             messages = sent[shard]
@@ -100,6 +113,8 @@ def test_pieces_leave_during_backward_from_the_second_push_and_carry_the_final_g
                 assert torch.equal(tensor, push[lo + a:lo + b])  # what left is the final gradient
             early += sum(in_backward for _, _, in_backward in body)
         assert not dropped
+        if threaded:
+            continue
         if step == 0:
             assert early == 0  # the first push only counts accumulations
         else:
@@ -116,6 +131,17 @@ def test_a_gradient_that_accumulates_twice_keeps_the_push_after_backward(capfd):
     assert [_early_sends(run) for run in runs] == [0, 0, 0]
     assert not any(run[3] for run in runs)  # nothing left early, nothing to drop
     assert "accumulates more than once" in capfd.readouterr().err
+
+
+def test_the_sender_thread_drops_the_same_push_and_a_threaded_push_needs_a_host_buffer_of_its_own(capfd):
+    torch.manual_seed(0)
+    model = Shared()
+    runs = _pushes(model, shards=2, steps=4, before_step=lambda step: setattr(model, "reentrant", step >= 2),
+                   threaded=True)
+    assert [run[3] for run in runs] == [False, False, True, False]
+    bound = flat.bind(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="host buffer of its own"):
+        Pusher(bound, [(0, bound.layout.numel)], bound.push, piece_numel=8, threaded=True)
 
 
 def test_a_second_accumulation_after_a_piece_left_drops_that_push(capfd):

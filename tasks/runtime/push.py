@@ -47,12 +47,20 @@ class Pusher:
     once the push vector is complete on its device, and `finish(trailers)` in the communication
     phase: it sends what is left and the trailers and returns when every send is done. A failed
     transfer raises RuntimeError from `finish` (the worker takes it for a lost link), a failed
-    bus copy BusCopyFailed."""
+    bus copy BusCopyFailed.
 
-    def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_push: torch.Tensor, piece_numel: int):
+    `threaded` (default: on CUDA) sends from `host_push` through the sender thread, which copies
+    each piece there first; otherwise the hooks send straight from the push vector (CPU:
+    `host_push` is the push vector)."""
+
+    def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_push: torch.Tensor, piece_numel: int,
+                 threaded: bool | None = None):
         params, param_numel = synced_tensors(bound.model)[0], bound.layout.param_numel
         self.push, self.host_push = bound.push, host_push
         self.on_cuda = self.push.device.type == "cuda"
+        self.threaded = self.on_cuda if threaded is None else threaded
+        if self.threaded and host_push.data_ptr() == self.push.data_ptr():
+            raise ValueError("a threaded push sends from a host buffer of its own, not from the push vector")
         self.pieces = shard_pieces(ranges, piece_numel)
         # which pieces each trainable parameter's gradient lies in, and how many such gradients
         # each piece waits for (+1 for a piece holding buffers, which are filled after backward)
@@ -79,6 +87,7 @@ class Pusher:
         if self.on_cuda:
             self._compute_stream = torch.cuda.current_stream(self.push.device)
             self._copy_stream = torch.cuda.Stream(self.push.device)
+        if self.threaded:
             self._queue: queue.Queue = queue.Queue()
             threading.Thread(target=self._send_ready_pieces, daemon=True, name="push").start()
 
@@ -106,13 +115,15 @@ class Pusher:
 
     def _send(self, j: int) -> None:
         self._sent[j] = True
-        if self.on_cuda:
-            # the piece is final once the compute stream and the stream autograd accumulated on
-            # (current in the hook: the forward's, which a plug-in may have switched) reach here
-            streams = {self._compute_stream, torch.cuda.current_stream(self.push.device)}
-            ready = [torch.cuda.Event() for _ in streams]
-            for event, stream in zip(ready, streams):
-                event.record(stream)
+        if self.threaded:
+            ready = []
+            if self.on_cuda:
+                # the piece is final once the compute stream and the stream autograd accumulated on
+                # (current in the hook: the forward's, which a plug-in may have switched) reach here
+                streams = {self._compute_stream, torch.cuda.current_stream(self.push.device)}
+                ready = [torch.cuda.Event() for _ in streams]
+                for event, stream in zip(ready, streams):
+                    event.record(stream)
             self._queue.put((j, ready))
         elif self._error is None:
             piece = self.pieces[j]
@@ -133,11 +144,7 @@ class Pusher:
                 if self._error is None:
                     piece = self.pieces[j]
                     try:
-                        with torch.cuda.stream(self._copy_stream):
-                            for event in ready:
-                                self._copy_stream.wait_event(event)
-                            self.host_push[piece.lo:piece.hi].copy_(self.push[piece.lo:piece.hi], non_blocking=True)
-                            self._copy_stream.synchronize()
+                        self._copy_out(piece, ready)
                     except RuntimeError as err:
                         raise BusCopyFailed(str(err)) from err
                     self._works.append(self._links[piece.shard].start_send(self.host_push[piece.lo:piece.hi], piece.tag))
@@ -145,6 +152,17 @@ class Pusher:
                 self._error = err
             finally:
                 self._queue.task_done()
+
+    def _copy_out(self, piece, ready: list) -> None:
+        """The piece into host_push: over the bus on the copy stream once `ready` has passed (CUDA)."""
+        if not self.on_cuda:
+            self.host_push[piece.lo:piece.hi].copy_(self.push[piece.lo:piece.hi])
+            return
+        with torch.cuda.stream(self._copy_stream):
+            for event in ready:
+                self._copy_stream.wait_event(event)
+            self.host_push[piece.lo:piece.hi].copy_(self.push[piece.lo:piece.hi], non_blocking=True)
+            self._copy_stream.synchronize()
 
     def compute_done(self) -> None:
         """The push vector is complete (backward and the buffers' copy are queued): every piece not
@@ -160,7 +178,7 @@ class Pusher:
             if not once:
                 sys.stderr.write("spotfill worker: a parameter's gradient accumulates more than once per "
                                  "backward; the push leaves after backward, not during it\n")
-        if self.on_cuda:
+        if self.threaded:
             self._send_rest()
 
     def _send_rest(self) -> None:
@@ -170,12 +188,12 @@ class Pusher:
 
     def close(self) -> None:
         """End the sender thread (CUDA): a process may run several workers in turn (the bench)."""
-        if self.on_cuda:
+        if self.threaded:
             self._queue.put(None)
 
     def finish(self, trailers: list[torch.Tensor]) -> None:
         """Send what is left and the trailers; return once every send of this push is done."""
-        if self.on_cuda:
+        if self.threaded:
             self._queue.join()
         else:
             self._send_rest()
