@@ -249,6 +249,26 @@ def test_a_receive_the_lander_thread_loses_is_a_lost_link_where_forward_reads_an
         puller.close()
 
 
+def test_a_bus_copy_the_lander_thread_fails_is_the_workers_own_failure_not_a_lost_link(monkeypatch):
+    from tasks.runtime.push import BusCopyFailed
+
+    model = Tied()
+    bound, ranges, host, puller = _threaded(model, shards=1)
+
+    def fails(piece):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(puller, "_copy_in", fails)
+    released = threading.Event()
+    released.set()
+    try:
+        puller.start([HeldLink([], torch.rand(bound.layout.numel), host, released)])
+        with pytest.raises(BusCopyFailed, match="illegal memory access"), puller.landing():
+            model(torch.randint(0, 16, (5,)))
+    finally:
+        puller.close()
+
+
 def test_a_threaded_pull_needs_a_host_buffer_of_its_own():
     bound = flat.bind(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="host buffer of its own"):

@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode
 
 from tasks.runtime.flat import FlatModel, synced_tensors
 from tasks.runtime.pieces import holding, pull_order, shard_pieces
+from tasks.runtime.push import BusCopyFailed
 from tasks.runtime.wire import LinkLost
 
 
@@ -155,12 +156,25 @@ class Puller:
                 return
             for j in landing.order:
                 if landing.error is None:
-                    try:
-                        landing.works[j].wait()
-                        landing.events[j] = self._copy_in(self.pieces[j])
-                    except BaseException as err:
-                        landing.error = err
+                    landing.error = self._receive_and_copy(landing, j)
                 landing.ready[j].set()
+
+    def _receive_and_copy(self, landing: _Landing, j: int) -> BaseException | None:
+        """Piece j received and copied in; the failure, if any: a failed receive is a lost link
+        (the worker rejoins), a failed bus copy the worker's own (it ends)."""
+        try:
+            landing.works[j].wait()
+        except RuntimeError as err:
+            return LinkLost(str(err))
+        except BaseException as err:
+            return err
+        try:
+            landing.events[j] = self._copy_in(self.pieces[j])
+        except RuntimeError as err:
+            return BusCopyFailed(str(err))
+        except BaseException as err:
+            return err
+        return None
 
     def _copy_in(self, piece) -> "torch.cuda.Event | None":
         if not self.on_cuda:
@@ -184,7 +198,7 @@ class Puller:
         landing = self._landing
         landing.ready[j].wait()
         if landing.error is not None:
-            raise LinkLost(str(landing.error)) from landing.error
+            raise landing.error
         copied = landing.events.get(j)
         if copied is not None:
             torch.cuda.current_stream(self.state.device).wait_event(copied)

@@ -36,8 +36,9 @@ from tasks.runtime.pieces import holding, shard_pieces
 
 
 class BusCopyFailed(Exception):
-    """A piece's copy to host memory failed (a CUDA error): the worker's own failure, not a lost
-    link (not a RuntimeError, which the worker takes for one)."""
+    """A piece's copy over the bus failed (a CUDA error), to host memory (the push) or from it (the
+    pull): the worker's own failure, not a lost link (not a RuntimeError, which the worker takes
+    for one)."""
 
 
 class Pusher:
