@@ -19,14 +19,31 @@ MAX_BATCH_SIZE = 65536  # numpy's seed range
 _ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 
 
+def env_limit(name: str, default: int) -> int:
+    """A limit raised knowingly with environment variable `name` (unset or empty: `default`); a
+    value that is not a positive whole number is refused, not silently replaced by the default."""
+    from tasks.errors import UserInputError
+
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    if not (text.isdigit() and len(text) < 19 and int(text) > 0):
+        raise UserInputError(f"{name} must be a positive whole number, got {text!r}")
+    return int(text)
+
+
 def max_count() -> int:
     """The largest count or quota accepted: SPOTFILL_MAX_COUNT, else DEFAULT_MAX_COUNT."""
-    text = os.environ.get("SPOTFILL_MAX_COUNT", "")
-    return int(text) if text.isdigit() and len(text) < 19 else DEFAULT_MAX_COUNT
+    return env_limit("SPOTFILL_MAX_COUNT", DEFAULT_MAX_COUNT)
 
 
 def check_count(what: str, n: int) -> int:
-    limit = max_count()
+    from tasks.errors import UserInputError
+
+    try:
+        limit = max_count()
+    except UserInputError as err:  # inside argparse's type call, only this error keeps its words
+        raise argparse.ArgumentTypeError(str(err)) from None
     if n > limit:
         raise argparse.ArgumentTypeError(
             f"{what} is {n}, above the limit of {limit} (set SPOTFILL_MAX_COUNT to raise it)")
@@ -300,8 +317,7 @@ def check_workload(spec: str, options: dict) -> None:
         raise UserInputError(f"workload {spec!r} with options {options} builds a layer with no parameters "
                              "(a size option of 0?)")
     n_params = sum(sizes)
-    text = os.environ.get("SPOTFILL_MAX_PARAMS", "")
-    limit = int(text) if text.isdigit() and len(text) < 19 else DEFAULT_MAX_PARAMS
+    limit = env_limit("SPOTFILL_MAX_PARAMS", DEFAULT_MAX_PARAMS)
     if n_params > limit:
         raise UserInputError(f"workload {spec!r} with options {options} has {n_params} parameters, above the "
                              f"limit of {limit} (set SPOTFILL_MAX_PARAMS to raise it)")

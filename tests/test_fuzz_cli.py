@@ -460,3 +460,13 @@ def test_newer_bench_options(sandbox, rate, scale, instance_type):  # class 14
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a CUDA device `bench gpu` runs")
 def test_bench_gpu_without_cuda(sandbox):  # class 14
     assert "CUDA" in refuses(sandbox, ["bench", "gpu", "--quick"])
+
+
+@pytest.mark.parametrize("name, value", [("SPOTFILL_MAX_COUNT", "2000 "), ("SPOTFILL_MAX_COUNT", "1e4"),
+                                         ("SPOTFILL_MAX_LOCAL_WORKERS", "-5"), ("SPOTFILL_MAX_PARAMS", "abc")])
+def test_a_limit_variable_that_is_not_a_whole_number_is_refused_not_ignored(sandbox, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    argv = (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--quota", f"{LOCAL_TYPE}=2"]
+            if name == "SPOTFILL_MAX_COUNT" else
+            ["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4"])
+    assert f"{name} must be a positive whole number, got {value!r}" in refuses(sandbox, argv)

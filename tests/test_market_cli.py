@@ -91,3 +91,11 @@ def test_simulate_synthetic_replays_poisson_at_the_same_hazards(capsys, tmp_path
     assert result["synthetic"] is True
     assert result["hazards_per_h"]["p3.2xlarge"]["source"] == "trace"  # its rate still comes from the trace
     assert set(result["policies"]) == POLICIES
+
+
+def test_traces_without_a_revocation_ask_for_a_band_stress_instead_of_naming_an_option_not_given(capsys, tmp_path):
+    quiet = tmp_path / "parcae_p3trace.csv"
+    quiet.write_text("0,5\n10,5\n")
+    status, out, err = simulate(capsys, "--deadline", "3000", "--traces", str(quiet), "--band", G3_BANDS)
+    assert status == 2 and out == "" and err.count("\n") == 1
+    assert "the traces loaded show no revocation" in err and "give --band-stress X" in err

@@ -70,10 +70,22 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_bad_parameters_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tasks.cli", "run", "--types", "p3.2xlarge,p3.2xlarge",
-                        "--artifacts", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "candidate types repeat" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize("argv, env, message", [
+    (["--types", "p3.2xlarge,p3.2xlarge"], {}, "candidate types repeat"),
+    (["--types", "p3.2xlarge,g4dn.4xlarge"], {}, "have different NICs"),
+    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not JSON"),
+    ([], {"SPOTFILL_FILL_CONFIG": '{"max_batch": "x"}'}, "fill config: max_batch"),
+    (["--profile", str(REPO / "profiles" / "resnet110-cifar100.json")], {}, "was measured for workload 'resnet110-cifar100'"),
+    (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
+     {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",
+      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}, "no AWS credentials found"),
+])
+def test_cli_bad_parameters_exit_2_before_a_server_or_a_process_starts(tmp_path, argv, env, message):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | env
+    r = subprocess.run([sys.executable, "-m", "tasks.cli", "run", *argv, "--artifacts", str(tmp_path)], cwd=REPO,
+                       env=environment, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []  # no Prefect server's log, no run folder
 
 
 def test_interrupted_run_leaves_no_process(tmp_path):

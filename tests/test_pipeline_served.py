@@ -280,7 +280,7 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
     from tasks.providers.aws_sandbox import FAKE_CREDENTIALS
     from tests.test_aws_e2e import ARCHIVE
 
-    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text())
+    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text()) | {"workload": "resnet20"}
     t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
     shipped["instances"] = [{**t4, "type": "g4dn.2xlarge", "quota": 4}, {**t4, "type": "g4dn.12xlarge", "gpus": 4, "quota": 1}]
     profile = tmp_path / "t4.json"

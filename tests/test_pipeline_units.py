@@ -31,6 +31,16 @@ def test_request_defaults_and_validation():
          "min_workers 6 is more than the quotas allow (5 in all)"),
         ({"candidates": {"types": ["a"], "min_workers": 3}, "budget": {"max_instances": 2}},
          "candidates.min_workers 3 is more than budget.max_instances (2)"),
+        ({"slo": {"target_loss": True, "deadline_s": 60}}, "target_loss"),
+        ({"slo": {"target_loss": 1.2, "deadline_s": 1e308}}, "deadline_s"),
+        ({"slo": {"target_loss": 1.2, "deadline_s": 2}}, "leaves no time to train after overhead_s (3 s)"),
+        ({"candidates": {"types": ["a"], "quotas": {"a": 10**30}}}, "quotas must be 0..1000 (SPOTFILL_MAX_COUNT)"),
+        ({"budget": {"max_instances": 10**30}}, "max_instances"),
+        ({"overhead_s": 1e308}, "overhead_s"),
+        ({"provider": {"revocations": {"inject_at_s": [-5]}}}, "inject_at_s"),
+        ({"provider": {"revocations": {"trace": "nonexistent.csv"}}}, "provider.revocations.trace not found"),
+        ({"provider": {"revocations": {"trace": "../traces/parcae_p3trace.csv"}}}, "trace not found"),
+        ({"profile": str(SHIPPED_PROFILE)}, "was measured for workload 'resnet110-cifar100', not 'transformer-lm'"),
     ]
     for patch, needle in bad:
         with pytest.raises(ValidationError) as err:

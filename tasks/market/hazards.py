@@ -77,6 +77,9 @@ def type_hazards(profile: Profile, traces: list[Trace], bands: dict[str, int],
     traces_by_type = {k: v for k, v in traces_by_type.items() if v}
     if stress is None:
         stress = stress_factor(traces_by_type, bands)
+        if stress <= 0:
+            raise UserInputError("the traces loaded show no revocation, so they calibrate no stress for the bands' "
+                                 "hazards: give --band-stress X (1 takes the bands as published)")
     if not math.isfinite(stress) or stress <= 0:
         raise UserInputError(f"band stress factor must be a positive number, got {stress}")
     table = {}

@@ -143,13 +143,41 @@ def check_request(request) -> None:
 
         load_trace(trace_path(request.provider.revocations.trace))
     if local:
+        from tasks.pipeline.stages import profiling_preset
+        from tasks.profiling.presets import local_nic_mbytes_per_s
         from tasks.providers.local import default_types
 
         offered = [t.name for t in default_types()[0]]
         unknown = [t for t in request.candidates.types if t not in offered]
         if unknown:
             raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
+        local_nic_mbytes_per_s(profiling_preset(request))  # the emulation the run profiles and trains under
+    else:
+        check_aws_settings(request)
+    if request.filling.enabled:  # the workers' filler reads $SPOTFILL_FILL_CONFIG over these: refuse a bad one now
+        from tasks.filling.attach import check_device, worker_fill_config
+
+        fill = worker_fill_config({"online_rate_per_s": request.filling.online_rate_per_s,
+                                   "slo_s": request.filling.online_slo_s})
+        if local:
+            check_device(fill)
     cli_args.check_workload(request.workload, request.workload_options)  # builds the model, trains one step
+
+
+def check_aws_settings(request) -> None:
+    """The AWS config's fields, and credentials boto3 can find (no call to AWS is made)."""
+    import boto3
+
+    from tasks.errors import UserInputError
+    from tasks.providers.aws import NO_CREDENTIALS, aws_errors, load_aws_config
+
+    config = load_aws_config({**request.provider.aws, "region": request.provider.region,
+                              "max_instances": request.budget.max_instances,
+                              "max_usd_per_hour": request.budget.max_usd_per_h})
+    with aws_errors(config.region):
+        credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
+    if credentials is None:
+        raise UserInputError(NO_CREDENTIALS)
 
 
 def trace_path(name: str):

@@ -7,15 +7,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from tasks.cli_args import max_count
+
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+TEN_YEARS_S = 10 * 365 * 86400.0  # every duration's bound, as on the CLI: larger is a typo
 
 
 class SLO(BaseModel):
     """What the user is promised: reach `target_loss` within `deadline_s` of the launch."""
 
     model_config = _STRICT
-    target_loss: float = Field(gt=0, description="training loss to reach (smoothed over updates)")
-    deadline_s: float = Field(gt=0, description="seconds from the launch of training")
+    target_loss: float = Field(gt=0, strict=True, description="training loss to reach (smoothed over updates)")
+    deadline_s: float = Field(gt=0, le=TEN_YEARS_S, description="seconds from the launch of training")
 
 
 class Candidates(BaseModel):
@@ -23,7 +26,7 @@ class Candidates(BaseModel):
 
     model_config = _STRICT
     types: list[str] = Field(min_length=1, description="instance types to profile and plan over")
-    quotas: dict[str, int] = Field(default_factory=dict, description="per-type caps; default 4 each")
+    quotas: dict[str, int] = Field(default_factory=dict, description="per-type caps (at most SPOTFILL_MAX_COUNT, 1000); default 4 each")
     min_workers: int | None = Field(None, ge=1, description=(
         "plan and re-plan at least this many workers, so a revocation leaves survivors (default: the smallest "
         "cluster the profile's loss curve was fitted on)"))
@@ -33,8 +36,8 @@ class Candidates(BaseModel):
         unknown = sorted(set(self.quotas) - set(self.types))
         if unknown:
             raise ValueError(f"quota given for a type that is not a candidate: {', '.join(unknown)}")
-        if any(q < 0 for q in self.quotas.values()):
-            raise ValueError("quotas must be zero or more")
+        if any(not 0 <= q <= max_count() for q in self.quotas.values()):
+            raise ValueError(f"quotas must be 0..{max_count()} (SPOTFILL_MAX_COUNT)")
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
         most = sum(self.quota(t) for t in self.types)
@@ -53,9 +56,15 @@ class Revocations(BaseModel):
     trace: str | None = Field(None, description="a preemption trace under profiles/traces/ to replay")
     trace_type: str | None = Field(None, description="replay the trace against this type's workers only "
                                    "(a trace of one family revokes that family); default: every worker")
-    time_scale: float = Field(600.0, gt=0, description="trace seconds per real second")
+    time_scale: float = Field(600.0, gt=0, le=1e6, description="trace seconds per real second")
     inject_at_s: list[float] = Field(default_factory=list, description="revoke one worker at these run times")
-    notice_s: float = Field(2.0, ge=0, description="notice before the instance is taken")
+    notice_s: float = Field(2.0, ge=0, le=TEN_YEARS_S, description="notice before the instance is taken")
+
+    @model_validator(mode="after")
+    def _times_are_durations(self) -> "Revocations":
+        if any(not 0 <= t <= TEN_YEARS_S for t in self.inject_at_s):
+            raise ValueError("inject_at_s: each time must be 0 s to ten years after launch")
+        return self
 
 
 class ProviderSettings(BaseModel):
@@ -69,8 +78,8 @@ class ProviderSettings(BaseModel):
 
     @model_validator(mode="after")
     def _capacity_is_counts(self) -> "ProviderSettings":
-        if any(n < 0 for n in self.capacity.values()):
-            raise ValueError("market capacity must be zero or more")
+        if any(not 0 <= n <= max_count() for n in self.capacity.values()):
+            raise ValueError(f"market capacity must be 0..{max_count()} (SPOTFILL_MAX_COUNT)")
         return self
 
 
@@ -88,6 +97,12 @@ class BudgetCaps(BaseModel):
     max_instances: int = Field(12, gt=0)
     max_usd_per_h: float = Field(100.0, gt=0)
 
+    @model_validator(mode="after")
+    def _within_the_count_limit(self) -> "BudgetCaps":
+        if self.max_instances > max_count():
+            raise ValueError(f"max_instances must be at most {max_count()} (SPOTFILL_MAX_COUNT)")
+        return self
+
 
 class TrainRequest(BaseModel):
     """One training job with its SLO: the main flow's single parameter."""
@@ -100,7 +115,7 @@ class TrainRequest(BaseModel):
     profile: str | None = Field(None, description="use this profile JSON instead of profiling")
     profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
     profile_budget_s: float | None = Field(
-        None, gt=0, description="seconds the profiling clusters may train in all until they share a loss band "
+        None, gt=0, le=TEN_YEARS_S, description="seconds the profiling clusters may train in all until they share a loss band "
                                 "(default: the preset's, 300)")
     async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
         "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
@@ -110,12 +125,12 @@ class TrainRequest(BaseModel):
     risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
-    overhead_s: float = Field(3.0, ge=0, description="T_ohd: time for new instances to start and join")
+    overhead_s: float = Field(3.0, ge=0, le=TEN_YEARS_S, description="T_ohd: time for new instances to start and join")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     filling: Filling = Field(default_factory=Filling)
     budget: BudgetCaps = Field(default_factory=BudgetCaps)
     drift_threshold: float = Field(0.25, gt=0, description="relative speed shortfall that counts as drift")
-    drift_window_s: float = Field(10.0, gt=0, description="how long drift must last before re-planning")
+    drift_window_s: float = Field(10.0, gt=0, le=TEN_YEARS_S, description="how long drift must last before re-planning")
     drift_action: Literal["inline", "automation"] = Field(
         "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
     artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
@@ -157,4 +172,37 @@ class TrainRequest(BaseModel):
     def _profile_exists(self) -> "TrainRequest":
         if self.profile is not None and not Path(self.profile).is_file():
             raise ValueError(f"profile not found: {self.profile}")
+        return self
+
+    @model_validator(mode="after")
+    def _profile_of_this_workload(self) -> "TrainRequest":
+        """A profile measured for another workload would plan this one with another's speeds and
+        loss curve: refused (what else is wrong with the file, load_profile says later)."""
+        if self.profile is not None:
+            import json
+
+            try:
+                measured = json.loads(Path(self.profile).read_text(encoding="utf-8")).get("workload")
+            except (OSError, ValueError, AttributeError):
+                return self
+            if isinstance(measured, str) and measured != self.workload:
+                raise ValueError(f"profile {self.profile} was measured for workload {measured!r}, not {self.workload!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _deadline_past_the_start(self) -> "TrainRequest":
+        if self.slo.deadline_s <= self.overhead_s:
+            raise ValueError(f"slo.deadline_s ({self.slo.deadline_s:g} s) leaves no time to train after "
+                             f"overhead_s ({self.overhead_s:g} s), the time instances take to start")
+        return self
+
+    @model_validator(mode="after")
+    def _trace_exists(self) -> "TrainRequest":
+        trace = self.provider.revocations.trace
+        if trace:
+            from tasks.market.traces import TRACE_DIR
+
+            shipped = Path(trace).name == trace and (TRACE_DIR / trace).is_file()
+            if not (Path(trace).is_file() or shipped):
+                raise ValueError(f"provider.revocations.trace not found: {trace} (a file, or a name under profiles/traces/)")
         return self

@@ -82,15 +82,22 @@ def preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def local_provider(p: Preset, artifacts_dir: Path):
-    """A LocalProvider emulating `p`'s network, and the PS cap (megabits/s) for its runs."""
-    from tasks.profiling.single import param_mb
-    from tasks.providers.local import LocalProvider, default_types
+def local_nic_mbytes_per_s(p: Preset) -> float:
+    """The one NIC speed of `p`'s types on the local provider (the model has one Breq)."""
+    from tasks.providers.local import default_types
 
     types = {t.name: t for t in default_types()[0]}
     nics = {types[name].network_mbytes_per_s for name in p.types}
     if len(nics) != 1:
         raise UserInputError(f"preset {p.name}: types {p.types} have different NICs {sorted(nics)}; the model has one Breq")
-    e = p.emulation(param_mb(p.workload, p.workload_options), 8.0 * nics.pop())
+    return nics.pop()
+
+
+def local_provider(p: Preset, artifacts_dir: Path):
+    """A LocalProvider emulating `p`'s network, and the PS cap (megabits/s) for its runs."""
+    from tasks.profiling.single import param_mb
+    from tasks.providers.local import LocalProvider
+
+    e = p.emulation(param_mb(p.workload, p.workload_options), 8.0 * local_nic_mbytes_per_s(p))
     provider = LocalProvider(artifacts_dir, bandwidth_scale=e["bandwidth_scale"], reference_compute_s=e["reference_compute_s"])
     return provider, e

@@ -152,16 +152,17 @@ class ApiCallCounter:
             return Counter(self.calls)
 
 
+NO_CREDENTIALS = ("no AWS credentials found: boto3's default chain (environment, ~/.aws config and "
+                  "credentials files, SSO, instance profile) gave none; configure one, e.g. AWS_PROFILE")
+
+
 @contextlib.contextmanager
 def aws_errors(region: str) -> Iterator[None]:
     """Turn credential and permission failures into one line for a person (no secret in it)."""
     try:
         yield
     except (NoCredentialsError, PartialCredentialsError):
-        raise UserInputError(
-            "no AWS credentials found: boto3's default chain (environment, ~/.aws config and "
-            "credentials files, SSO, instance profile) gave none; configure one, e.g. AWS_PROFILE"
-        ) from None
+        raise UserInputError(NO_CREDENTIALS) from None
     except EndpointConnectionError as err:
         raise UserInputError(f"cannot reach the AWS endpoint {err.kwargs.get('endpoint_url')} ({region}): check the network or endpoint_url") from None
     except ProfileNotFound as err:

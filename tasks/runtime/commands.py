@@ -43,8 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def max_local_workers() -> int:
-    text = os.environ.get("SPOTFILL_MAX_LOCAL_WORKERS", "")
-    return int(text) if text.isdigit() and len(text) < 9 else DEFAULT_MAX_LOCAL_WORKERS
+    return cli_args.env_limit("SPOTFILL_MAX_LOCAL_WORKERS", DEFAULT_MAX_LOCAL_WORKERS)
 
 
 def _train(args: argparse.Namespace) -> int:
