@@ -103,12 +103,13 @@ def _train(args: argparse.Namespace) -> int:
                 ended["why"] = "workers_gone"  # crashed or revoked: nobody is left to train
             return bool(ended)
 
-        stopped_by_ps = driver.wait_for(run, done, timeout_s=args.timeout_s + 60).stopped
+        driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
         bar.close()
-        final = driver.stop_run(run)
+        final = driver.stop_run(run)  # by the STOP file, unless the PS has stopped by itself
     finally:
         provider.cleanup(run_id)
-    stopped = stopped_by_ps or ended.get("why") or final.stopped
+    # the PS's own reason (its workers may have left because of it), else why this command stopped it
+    stopped = final.stopped if final.stopped not in (None, "stop_file") else ended.get("why", final.stopped)
     result = {
         "run_id": run_id, "run_dir": str(run.run_dir), "stopped": stopped,
         "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
