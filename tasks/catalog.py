@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -32,11 +33,12 @@ def network_mbps(label: str) -> float | None:
 
 
 def _price(value) -> float | None:
+    """A positive, finite price, else None (no price)."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         return None
-    return v if v > 0 else None
+    return v if 0 < v < math.inf else None
 
 
 def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -45,11 +47,17 @@ def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]
     text = read_text(tsv_path, "catalog source")
     if text and not text.endswith("\n"):
         raise UserInputError(f"{tsv_path} is truncated (its last line has no end)")
-    for row in csv.reader(text.splitlines(), delimiter="\t"):
+    for line, row in enumerate(csv.reader(text.splitlines(), delimiter="\t"), start=1):
         if len(row) != 5 or row[2] != "Linux/UNIX":
             continue
         az_id, itype, _, price, ts = row
-        by_type_az[(itype, az_id)].append((ts, float(price)))
+        value = _price(price)
+        if value is None:
+            raise UserInputError(f"{tsv_path}:{line}: price {price!r} is not a positive number")
+        by_type_az[(itype, az_id)].append((ts, value))
+    if not by_type_az:
+        raise UserInputError(f"{tsv_path} has no Linux/UNIX price row of 5 tab-separated columns "
+                             "(zone, type, product, price, time)")
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (itype, az_id), rows in sorted(by_type_az.items()):
         rows.sort()
@@ -75,9 +83,14 @@ def _build_catalog(sources: Path) -> dict:
     advisor = read_json(sources / "spot-advisor-data.json", "catalog source")
     bands = {str(r["index"]): r["label"] for r in advisor["ranges"]}
     history = spot_history_stats(sources / "spot-prices-gpu-2022-05-31.tsv")
+    if not isinstance(instances, list) or not instances:
+        raise UserInputError(f"{sources / 'ec2-gpu-instances.json'} lists no instance type")
     types = []
     for inst in sorted(instances, key=lambda i: i["instance_type"]):
         name = inst["instance_type"]
+        gpus = inst.get("GPU") or 0
+        if type(gpus) not in (int, float) or not 0 <= gpus < math.inf:  # fractional GPUs exist (g6f: 0.25)
+            raise UserInputError(f"{sources / 'ec2-gpu-instances.json'}: {name}'s GPU count is {gpus!r}, not a number")
         regions = {}
         for region, pricing in sorted(inst.get("pricing", {}).items()):
             linux = pricing.get("linux") or {}
@@ -92,7 +105,7 @@ def _build_catalog(sources: Path) -> dict:
             }
         types.append({
             "type": name,
-            "gpus": inst.get("GPU") or 0,
+            "gpus": gpus,
             "gpu_model": inst.get("GPU_model"),
             "gpu_memory_gb": inst.get("GPU_memory"),
             "vcpus": inst.get("vCPU"),

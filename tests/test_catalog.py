@@ -28,3 +28,28 @@ def test_catalog_has_real_prices_and_bands():
 def test_unknown_region_is_a_clear_error():
     with pytest.raises(UserInputError, match="no priced GPU type in region 'mars-1'"):
         catalog_instance_types("mars-1")
+
+
+def _sources(tmp_path, name: str, text: str):
+    import shutil
+
+    folder = tmp_path / "sources"
+    shutil.copytree(SOURCES, folder)
+    (folder / name).write_text(text)
+    return folder
+
+
+TSV = "spot-prices-gpu-2022-05-31.tsv"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t-0.49\t2022-05-31T00:00:00\n", ":1: price '-0.49' is not a positive number"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\tnan\t2022-05-31T00:00:00\n", ":1: price 'nan' is not a positive number"),
+    (TSV, "us-east-1a\tp3.2xlarge\n", "has no Linux/UNIX price row of 5 tab-separated columns"),
+    (TSV, "", "has no Linux/UNIX price row"),
+    ("ec2-gpu-instances.json", "{}", "lists no instance type"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": "lots"}]', "GPU count is 'lots', not a number"),
+])
+def test_sources_that_parse_but_are_wrong_build_no_catalog(tmp_path, name, text, message):
+    with pytest.raises(UserInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_catalog(_sources(tmp_path, name, text))

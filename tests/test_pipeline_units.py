@@ -41,6 +41,10 @@ def test_request_defaults_and_validation():
         ({"provider": {"revocations": {"trace": "nonexistent.csv"}}}, "provider.revocations.trace not found"),
         ({"provider": {"revocations": {"trace": "../traces/parcae_p3trace.csv"}}}, "trace not found"),
         ({"profile": str(SHIPPED_PROFILE)}, "was measured for workload 'resnet110-cifar100', not 'transformer-lm'"),
+        ({"provider": {"revocations": {"trace_type": "p3.2xlarge"}}}, "but no trace is given"),
+        ({"provider": {"name": "aws", "revocations": {"inject_at_s": [5]}}}, "replayed on the local provider only"),
+        ({"provider": {"revocations": {"inject_at_s": [60]}}}, "inject_at_s 60 s is not before slo.deadline_s (60 s)"),
+        ({"provider": {"capacity": {"z9.huge": 3}}}, "provider.capacity given for a type that is not a candidate: z9.huge"),
     ]
     for patch, needle in bad:
         with pytest.raises(ValidationError) as err:

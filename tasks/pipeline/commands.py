@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--provider", choices=["local", "aws"], default="local")
     p.add_argument("--region", type=cli_args.region, default="us-east-1")
-    p.add_argument("--trace", default=DEMO["trace"], help="preemption trace to replay (local); '' for none")
+    p.add_argument("--trace", default=None, help="preemption trace to replay (local; default the demo's); '' for none")
     p.add_argument("--trace-type", default=None,
                    help="replay the trace against this type's workers only; '' for every worker "
                         f"(the demo's trace and types: {DEMO['trace_type']})")
@@ -91,7 +91,7 @@ def market_defaults(args: argparse.Namespace, types: list[str]) -> dict:
     if floor is None and demo_types and args.quota is None:
         floor = DEMO["min_workers"]
     trace_type = args.trace_type
-    if trace_type is None and demo_types and args.trace == DEMO["trace"]:
+    if trace_type is None and demo_types and args.trace in (None, DEMO["trace"]):  # None: the default, the demo's
         trace_type = DEMO["trace_type"]
     return {"quotas": quotas, "min_workers": floor, "trace_type": trace_type or None}
 
@@ -103,6 +103,8 @@ def build_request(args: argparse.Namespace):
     from tasks.pipeline.params import TrainRequest
     from tasks.runtime.workloads import parse_options
 
+    if args.trace is None:  # the demo's trace on the local provider; AWS revokes on its own
+        args.trace = DEMO["trace"] if args.provider == "local" else ""
     types = [t for t in args.types.split(",") if t]
     market = market_defaults(args, types)
     try:

@@ -169,6 +169,22 @@ class TrainRequest(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _revocations_that_happen(self) -> "TrainRequest":
+        """Settings that would silently do nothing are refused: they say the user expects something."""
+        r, settings = self.provider.revocations, self.provider
+        if r.trace_type is not None and not r.trace:
+            raise ValueError("revocations.trace_type names the type a trace revokes, but no trace is given")
+        if settings.name != "local" and (r.trace or r.inject_at_s):
+            raise ValueError(f"revocations are replayed on the local provider only; {settings.name} revokes on its own")
+        late = [t for t in r.inject_at_s if t >= self.slo.deadline_s]
+        if late:
+            raise ValueError(f"revocations.inject_at_s {late[0]:g} s is not before slo.deadline_s ({self.slo.deadline_s:g} s)")
+        unknown = sorted(set(settings.capacity) - set(self.candidates.types))
+        if unknown:
+            raise ValueError(f"provider.capacity given for a type that is not a candidate: {', '.join(unknown)}")
+        return self
+
+    @model_validator(mode="after")
     def _profile_exists(self) -> "TrainRequest":
         if self.profile is not None and not Path(self.profile).is_file():
             raise ValueError(f"profile not found: {self.profile}")
