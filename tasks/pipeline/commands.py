@@ -171,11 +171,10 @@ def check_aws_settings(request) -> None:
     import boto3
 
     from tasks.errors import UserInputError
-    from tasks.providers.aws import NO_CREDENTIALS, aws_errors, load_aws_config
+    from tasks.pipeline.stages import aws_config
+    from tasks.providers.aws import NO_CREDENTIALS, aws_errors
 
-    config = load_aws_config({**request.provider.aws, "region": request.provider.region,
-                              "max_instances": request.budget.max_instances,
-                              "max_usd_per_hour": request.budget.max_usd_per_h})
+    config = aws_config(request)
     with aws_errors(config.region):
         credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
     if credentials is None:

@@ -61,6 +61,15 @@ def profiling_preset(request: TrainRequest):
                    fit_clusters=fit_clusters, **budget)
 
 
+def aws_config(request: TrainRequest):
+    """The run's AwsConfig: its `provider.aws` fields, region and budget caps (one line per bad field)."""
+    from tasks.providers.aws import load_aws_config
+
+    settings = request.provider
+    return load_aws_config({**settings.aws, "region": settings.region, "max_instances": request.budget.max_instances,
+                            "max_usd_per_hour": request.budget.max_usd_per_h})
+
+
 def make_provider(request: TrainRequest) -> tuple[Provider, dict]:
     """The provider, and the emulation settings of a local one ({} on AWS): the same settings the
     profile is measured under, so that what is predicted is what runs."""
@@ -72,14 +81,9 @@ def make_provider(request: TrainRequest) -> tuple[Provider, dict]:
         provider, emulation = local_provider(profiling_preset(request), Path(request.artifacts_dir))
         provider.capacity.update(settings.capacity)
     else:
-        from tasks.providers.aws import AwsProvider, load_aws_config
+        from tasks.providers.aws import AwsProvider
 
-        provider = AwsProvider(load_aws_config({
-            **settings.aws,
-            "region": settings.region,
-            "max_instances": request.budget.max_instances,
-            "max_usd_per_hour": request.budget.max_usd_per_h,
-        }))
+        provider = AwsProvider(aws_config(request))
     offered = {t.name for t in provider.list_types()}
     missing = [t for t in request.candidates.types if t not in offered]
     if missing:

@@ -3,7 +3,6 @@ target loss or a time limit; optionally with revocations replayed from a real sp
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from tasks import cli_args
