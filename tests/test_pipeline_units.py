@@ -39,7 +39,7 @@ def test_request_defaults_and_validation():
         ({"overhead_s": 1e308}, "overhead_s"),
         ({"provider": {"revocations": {"inject_at_s": [-5]}}}, "inject_at_s"),
         ({"provider": {"revocations": {"trace": "nonexistent.csv"}}}, "provider.revocations.trace not found"),
-        ({"provider": {"revocations": {"trace": "../traces/parcae_p3trace.csv"}}}, "trace not found"),
+        ({"provider": {"revocations": {"trace": "../../README.md"}}}, "is neither a file nor a trace name under profiles/traces/"),
         ({"profile": str(SHIPPED_PROFILE)}, "was measured for workload 'resnet110-cifar100', not 'transformer-lm'"),
         ({"provider": {"revocations": {"trace_type": "p3.2xlarge"}}}, "but no trace is given"),
         ({"provider": {"name": "aws", "revocations": {"inject_at_s": [5]}}}, "replayed on the local provider only"),

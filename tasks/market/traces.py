@@ -44,6 +44,19 @@ class Trace:
         return self.revocations / self.instance_hours
 
 
+
+def trace_path(name: str) -> Path:
+    """A trace file given by path, or by name under profiles/traces/ (never outside it); whether
+    it exists, load_trace says."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = (TRACE_DIR / name).resolve()
+    if shipped.parent != TRACE_DIR.resolve():
+        raise UserInputError(f"trace {name!r} is neither a file nor a trace name under profiles/traces/")
+    return shipped
+
+
 def family_of(type_or_trace: str) -> str:
     """'p3.2xlarge' -> 'p3'; a trace's file name -> the first family token in it:
     'bamboo_aws-spot-instances-g4dn-xlarge-...' -> 'g4dn', 'parcae_p3trace' -> 'p3', 'p3-mine' -> 'p3'."""

@@ -141,7 +141,7 @@ def check_request(request) -> None:
         load_profile(request.profile)
     local = request.provider.name == "local"
     if local and request.provider.revocations.trace:
-        from tasks.market.traces import load_trace
+        from tasks.market.traces import load_trace, trace_path
 
         load_trace(trace_path(request.provider.revocations.trace))
     if local:
@@ -179,22 +179,6 @@ def check_aws_settings(request) -> None:
         credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
     if credentials is None:
         raise UserInputError(NO_CREDENTIALS)
-
-
-def trace_path(name: str):
-    """A trace file given by path, or by name under profiles/traces/ (never outside it)."""
-    from pathlib import Path
-
-    from tasks.errors import UserInputError
-    from tasks.market.traces import TRACE_DIR
-
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = (TRACE_DIR / name).resolve()
-    if shipped.parent != TRACE_DIR.resolve():
-        raise UserInputError(f"trace {name!r} is neither a file nor a trace name under profiles/traces/")
-    return shipped
 
 
 def prefect_defaults() -> None:

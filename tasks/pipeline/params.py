@@ -216,9 +216,8 @@ class TrainRequest(BaseModel):
     def _trace_exists(self) -> "TrainRequest":
         trace = self.provider.revocations.trace
         if trace:
-            from tasks.market.traces import TRACE_DIR
+            from tasks.market.traces import trace_path
 
-            shipped = Path(trace).name == trace and (TRACE_DIR / trace).is_file()
-            if not (Path(trace).is_file() or shipped):
+            if not trace_path(trace).is_file():  # a name reaching outside profiles/traces/ raises there
                 raise ValueError(f"provider.revocations.trace not found: {trace} (a file, or a name under profiles/traces/)")
         return self

@@ -17,7 +17,6 @@ from tasks.pipeline.session import Observation, TimelineEntry, TrainingSession
 from tasks.profile import Profile, load_profile, profile_from_dict
 from tasks.providers.base import Provider, ProviderEvent
 
-REPO = Path(__file__).resolve().parents[2]
 REPLAN_REQUEST = "replan-request.json"
 PROGRESS = "progress.json"  # the latest poll's time, loss and spend: what a stopped run's report reads
 
@@ -175,9 +174,10 @@ def start_revocation_replay(session: TrainingSession) -> None:
     if session.request.provider.name != "local":
         return
     if rev.trace:
-        path = Path(rev.trace)
-        path = path if path.is_file() else REPO / "profiles" / "traces" / rev.trace
-        provider.replay_trace(session.run_id, path, rev.time_scale, rev.notice_s, instance_type=rev.trace_type)
+        from tasks.market.traces import trace_path
+
+        provider.replay_trace(session.run_id, trace_path(rev.trace), rev.time_scale, rev.notice_s,
+                              instance_type=rev.trace_type)
     for at_s in rev.inject_at_s:
         def inject(at_s=at_s) -> None:
             victims = [i for i in provider.describe(session.run_id)
