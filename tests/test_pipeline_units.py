@@ -45,6 +45,14 @@ def test_request_defaults_and_validation():
         ({"provider": {"name": "aws", "revocations": {"inject_at_s": [5]}}}, "replayed on the local provider only"),
         ({"provider": {"revocations": {"inject_at_s": [60]}}}, "inject_at_s 60 s is not before slo.deadline_s (60 s)"),
         ({"provider": {"capacity": {"z9.huge": 3}}}, "provider.capacity given for a type that is not a candidate: z9.huge"),
+        ({"provider": {"region": "mars-1"}}, "unknown region 'mars-1'"),
+        ({"artifacts_dir": ""}, "empty output folder"),
+        ({"artifacts_dir": "/dev/null"}, "/dev/null is not a folder"),
+        ({"artifacts_dir": "/dev/null/runs"}, "/dev/null is not a folder"),
+        ({"workload": "resnet110-cifar100", "profile": str(SHIPPED_PROFILE), "profiling": "full"},
+         "profiling 'full' does nothing with a profile given"),
+        ({"workload": "resnet110-cifar100", "profile": str(SHIPPED_PROFILE), "profile_budget_s": 60},
+         "profile_budget_s does nothing with a profile given"),
     ]
     for patch, needle in bad:
         with pytest.raises(ValidationError) as err:

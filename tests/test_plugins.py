@@ -47,6 +47,8 @@ def test_tuple_plugins_get_the_stated_defaults():
     ("tests.plugins.broken:shape_mismatch", "loss_fn(model(inputs), targets) failed: RuntimeError"),
     ("tests.plugins.broken:raises", "failed while building: RuntimeError: dataset not found"),
     ("tests.plugins.broken:exits", "called sys.exit('the plug-in gave up') while building"),
+    ("tests.plugins.parses_argv:build",
+     "called sys.exit(2) while being imported: train.py: error: the following arguments are required: --data"),
 ])
 def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp_path, capsys, monkeypatch):
     from tasks import cli

@@ -5,12 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from tasks.cli_args import max_count
+from tasks import cli_args
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 TEN_YEARS_S = 10 * 365 * 86400.0  # every duration's bound, as on the CLI: larger is a typo
+
+
+def _as_value_error(check, text: str):
+    """A CLI argument check used on a request field: its complaint as pydantic's ValueError."""
+    import argparse
+
+    try:
+        return check(text)
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(str(err)) from None
 
 
 class SLO(BaseModel):
@@ -36,8 +46,8 @@ class Candidates(BaseModel):
         unknown = sorted(set(self.quotas) - set(self.types))
         if unknown:
             raise ValueError(f"quota given for a type that is not a candidate: {', '.join(unknown)}")
-        if any(not 0 <= q <= max_count() for q in self.quotas.values()):
-            raise ValueError(f"quotas must be 0..{max_count()} (SPOTFILL_MAX_COUNT)")
+        if any(not 0 <= q <= cli_args.max_count() for q in self.quotas.values()):
+            raise ValueError(f"quotas must be 0..{cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
         most = sum(self.quota(t) for t in self.types)
@@ -76,10 +86,16 @@ class ProviderSettings(BaseModel):
     capacity: dict[str, int] = Field(default_factory=dict, description=(
         "local: spot instances the emulated market has of each type (default: unlimited)"))
 
+    @field_validator("region")
+    @classmethod
+    def _region_in_the_catalog(cls, region: str) -> str:
+        """An unknown region would price nothing: the plan would find no offer to buy."""
+        return _as_value_error(cli_args.region, region)
+
     @model_validator(mode="after")
     def _capacity_is_counts(self) -> "ProviderSettings":
-        if any(not 0 <= n <= max_count() for n in self.capacity.values()):
-            raise ValueError(f"market capacity must be 0..{max_count()} (SPOTFILL_MAX_COUNT)")
+        if any(not 0 <= n <= cli_args.max_count() for n in self.capacity.values()):
+            raise ValueError(f"market capacity must be 0..{cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
         return self
 
 
@@ -99,8 +115,8 @@ class BudgetCaps(BaseModel):
 
     @model_validator(mode="after")
     def _within_the_count_limit(self) -> "BudgetCaps":
-        if self.max_instances > max_count():
-            raise ValueError(f"max_instances must be at most {max_count()} (SPOTFILL_MAX_COUNT)")
+        if self.max_instances > cli_args.max_count():
+            raise ValueError(f"max_instances must be at most {cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
         return self
 
 
@@ -134,6 +150,14 @@ class TrainRequest(BaseModel):
     drift_action: Literal["inline", "automation"] = Field(
         "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
     artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
+
+    @field_validator("artifacts_dir")
+    @classmethod
+    def _artifacts_dir_writable(cls, folder: str) -> str:
+        """The run's reports go here: a file, a device or a read-only folder in the way would fail
+        the run at its end, after the training was paid for."""
+        _as_value_error(cli_args.output_dir, folder)
+        return folder
 
     @model_validator(mode="after")
     def _workload_allowed(self, info: ValidationInfo) -> "TrainRequest":
@@ -182,6 +206,16 @@ class TrainRequest(BaseModel):
         unknown = sorted(set(settings.capacity) - set(self.candidates.types))
         if unknown:
             raise ValueError(f"provider.capacity given for a type that is not a candidate: {', '.join(unknown)}")
+        return self
+
+    @model_validator(mode="after")
+    def _profiling_settings_need_profiling(self) -> "TrainRequest":
+        """A given profile replaces profiling: a profiling setting beside it would be ignored."""
+        if self.profile is not None:
+            if self.profiling != "quick":
+                raise ValueError(f"profiling {self.profiling!r} does nothing with a profile given (profile is used as is)")
+            if self.profile_budget_s is not None:
+                raise ValueError("profile_budget_s does nothing with a profile given (profile is used as is)")
         return self
 
     @model_validator(mode="after")

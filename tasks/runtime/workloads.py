@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import math
 import os
 import sys
@@ -244,13 +245,22 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
 
 @contextlib.contextmanager
 def plugin_code(spec: str, doing: str):
-    """Around a plug-in's own code: what it prints goes to stderr (stdout is for one JSON object),
-    and a sys.exit() inside it (an argparse at import, say) is its failure, not this process's."""
+    """Around a plug-in's own code: what it prints goes to stderr once it returns (stdout is for one
+    JSON object), and a sys.exit() inside it (an argparse at import, say) is its failure, not this
+    process's: one line that ends with the last line the plug-in printed (argparse's complaint),
+    not its usage text before ours."""
+    printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             yield
     except SystemExit as err:
-        raise UserInputError(f"workload plug-in {spec!r} called sys.exit({err.code!r}) while {doing}") from None
+        said = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
+        raise UserInputError(f"workload plug-in {spec!r} called sys.exit({err.code!r}) while {doing}"
+                             + (f": {said[-1][:200]}" if said else "")) from None
+    except BaseException:
+        sys.stderr.write(printed.getvalue())
+        raise
+    sys.stderr.write(printed.getvalue())
 
 
 def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
