@@ -266,18 +266,21 @@ def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object
     def unfit(left_s):  # a user-input error inside a section is that section's, not the check's end
         raise UserInputError("memory fit: too few points")
 
+    def exits(left_s):  # a worker run in-process gives up with SystemExit: that section's end only
+        raise SystemExit("spotfill worker: the parameter server did not come back within 60 s")
+
     monkeypatch.setattr(gpu_check, "SECTIONS", {"filling": lambda left_s: filling, "runtime": broken,
-                                                "profile": unfit, "train": lambda left_s: {"updates": 10}})
+                                                "profile": unfit, "train": exits})
     assert main(["bench", "gpu", "--json"]) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert result["device_name"] == "Fake GPU" and result["runtime"]["error"] == "RuntimeError: CUDA out of memory"
     assert result["targets_met"] is True and result["profile"]["error"] == "UserInputError: memory fit: too few points"
-    assert result["train"]["updates"] == 10
+    assert result["train"]["error"].startswith("SystemExit: spotfill worker: the parameter server did not come back")
     # every section's numbers reach stderr as it ends, so a check killed at its limit keeps them
     progress = [line for line in err.splitlines() if line.startswith("bench gpu: ")]
     assert [line.split(":")[1].strip() for line in progress] == ["filling", "runtime", "profile", "train"]
-    assert json.loads(progress[-1].split(": ", 2)[2])["updates"] == 10
+    assert json.loads(progress[-1].split(": ", 2)[2])["error"] == result["train"]["error"]
     table = gpu_check.format_table(result)
     assert "Fake GPU" in table and "runtime" in table and "too few points" in table and "target online_p95_s <= 0.05: 0.01 met" in table
     assert "target rounds >= 3: 12 met" in table
@@ -341,3 +344,14 @@ def test_train_section_stops_at_once_with_the_workers_last_words_when_they_all_e
                                 fill=bad_fill, device="cpu", artifacts_dir=tmp_path)
     (run_id,) = [p.name for p in tmp_path.iterdir() if p.name.startswith("gpu-check-")]
     assert LocalProvider(tmp_path).describe(run_id) == []
+
+
+def test_the_runtime_bench_starts_no_case_past_its_time(monkeypatch):
+    """bench gpu's runtime section gives the cases a time; one that would start after it is named,
+    not run (the profile and train sections keep their share of the check)."""
+    from tasks.runtime import bench
+
+    ran = []
+    monkeypatch.setattr(bench, "overhead", lambda runs, case, **kw: ran.append(case.label) or {})
+    result = bench.run_runtime_bench("cpu", quick=True, scaling=False, max_s=0.0)
+    assert ran == [] and result["cases"] == [] and result["skipped"] == [c.label for c in bench.CPU_CASES]

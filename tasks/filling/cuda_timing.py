@@ -6,7 +6,9 @@ training stream around it (enable_timing). `DeviceTimedPhases` wraps a filler (a
 it records the events at the edges and hands the filler the device's compute time, which the
 guard then compares with its rolling clean baseline. compute_end waits for the end event; a loop
 that calls it after its step has finished (the worker copies the gradients to the host first, the
-bench's loop synchronizes its stream) never waits there.
+bench's loop synchronizes its stream) never waits there. In a runtime worker the phase starts
+before the pull has landed (forward waits for each piece on the device), so its device time holds
+what forward waited for the link too; the guard's clean baseline is timed the same way.
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE = "resnet110-cifar100", 128, "p3.2xlarge
 # One worker: on a cluster each worker has its GPU to itself. Two on one GPU would each count the
 # other's inference as its own slowdown (stream priorities order work within a process only).
 TRAIN_WORKERS = 1
+RUNTIME_LEAVES_S = 120.0  # what a runtime case may not start into: the profile and train sections' time
 TRAIN_WINDOW_S = 40.0  # training time after the first update
 TRAIN_FIRST_UPDATE_S = 90.0  # the worker starts, builds the model on the GPU and pushes once within this
 TRAIN_STOP_S = 20.0  # what the train section keeps of its time for stopping the run and reading the reports
@@ -130,8 +131,9 @@ def runtime_section(*, left_s: float = math.inf) -> dict:
     from tasks.runtime.bench import run_runtime_bench
 
     # The overhead cases at GPU sizes; not the scaling curves: they pad compute to an emulated
-    # time (no GPU needed) and would take minutes of the check's budget.
-    result = run_runtime_bench("cuda", quick=True, scaling=False)
+    # time (no GPU needed) and would take minutes of the check's budget. No case starts once the
+    # profile and train sections would be left less than RUNTIME_LEAVES_S.
+    result = run_runtime_bench("cuda", quick=True, scaling=False, max_s=left_s - RUNTIME_LEAVES_S)
     return {k: v for k, v in result.items() if k not in ("run_dir", "plot")}
 
 
@@ -263,7 +265,7 @@ def run_bench(quick: bool = True) -> dict:
             if left_s <= 0:
                 raise TimeoutError(f"skipped: the check's {CHECK_BUDGET_S:g} s were spent")
             result[name] = section(left_s=left_s)
-        except Exception as err:  # keep the other sections' numbers; say what broke, in one line
+        except (Exception, SystemExit) as err:  # keep the other sections' numbers; say what broke, in one line
             result[name] = {"error": error_line(err)}
         result[name]["section_s"] = time.perf_counter() - t0
         # each section's numbers as soon as it ends, so a check killed at its limit keeps them

@@ -26,6 +26,7 @@ nothing here imports prefect or boto3.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -325,16 +326,22 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = True) -> dict:
+def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = True,
+                      max_s: float = math.inf) -> dict:
     """The whole benchmark as a dict: the overhead cases for `device` ("cpu" or "cuda") and, with
-    `scaling`, the throughput curves with k = 1 and k = 2 PS shards."""
+    `scaling`, the throughput curves with k = 1 and k = 2 PS shards. No case starts once `max_s`
+    have passed (a check with a time budget); those left out are named under "skipped"."""
     from tasks.runtime import wire
     from tasks.runtime.workloads import build_workload
 
     artifacts = REPO / "artifacts" / "bench-runtime"
     runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
-    cases = []
+    started_s = time.monotonic()
+    cases, skipped = [], []
     for case in GPU_CASES if device == "cuda" else CPU_CASES:
+        if time.monotonic() - started_s >= max_s:
+            skipped.append(case.label)
+            continue
         numel = wire.flat_size(build_workload(case.workload, case.options).model)
         vector_mb = numel * 4 / 1e6
         rounds = (8 if quick else 20) if case is TINY else (5 if case.with_whole else 3)  # the two variants' gap is small against the noise
@@ -344,6 +351,8 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
         if case.with_whole:
             cases.append(case_result(case.label + WHOLE_LABEL, case.batch, measured["whole"], vector_mb, loopback, bus_s))
     result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
+    if skipped:
+        result["skipped"] = skipped
     if scaling:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
         curves = {}
