@@ -22,10 +22,8 @@ import bisect
 import dataclasses
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tasks.errors import InfeasibleError
-from tasks.planner import PlanRequest, PlanResult, build_problem, exact, solve
+from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
 from tasks.planner.problem import COST_TIE_REL, make_result
 
 
@@ -51,7 +49,7 @@ def cheapest_or_fastest(request: PlanRequest) -> Replanned:
 def fastest_result(request: PlanRequest, message: str = "") -> PlanResult:
     """The quickest plan the request's quotas and existing instances allow (no deadline)."""
     problem = build_problem(dataclasses.replace(request, deadline_s=1e12, overhead_s=0.0))
-    best, stats = exact.search(problem, "time", deadline_s=np.inf)
+    best, stats = fastest_plan(problem)
     return make_result(problem, best.counts, "fastest", "feasible", 0.0, stats.evaluated, message=message)
 
 
