@@ -34,7 +34,12 @@ COMMAND_MODULES = [
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the problem (exit 2), and an option that
     takes one value may be given once: argparse would keep the last (`--loss 1.8 --loss 9`) without
-    a word."""
+    a word. Options are named in full: with argparse's prefixes, `--los 9` would be `--loss 9`
+    and slip past the once-only check."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -117,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except INPUT_ERRORS as err:
         sys.stderr.write(f"spotfill: error: {one_line(err)}\n")
+        return 2
+    except MemoryError:  # a limit raised knowingly (SPOTFILL_MAX_*) past what this machine holds
+        sys.stderr.write("spotfill: error: out of memory: the input asks for more than this machine has "
+                         "(a count, quota or size raised past the default limits?)\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("spotfill: interrupted\n")

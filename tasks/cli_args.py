@@ -27,7 +27,7 @@ def env_limit(name: str, default: int) -> int:
     text = os.environ.get(name, "")
     if not text:
         return default
-    if not (text.isdigit() and len(text) < 19 and int(text) > 0):
+    if not (text.isascii() and text.isdigit() and len(text) < 19 and int(text) > 0):
         raise UserInputError(f"{name} must be a positive whole number, got {text!r}")
     return int(text)
 
@@ -60,7 +60,7 @@ def counts(text: str) -> dict[str, int]:
         if not sep or not name:
             raise argparse.ArgumentTypeError(f"expected TYPE=N, got {item.strip()!r}")
         try:
-            if "_" in value:  # a digit separator, as in _float
+            if "_" in value or not value.strip().isascii():  # a digit separator (as in _float), or ٣ and ２
                 raise ValueError(value)
             n = int(value)
         except ValueError:
@@ -77,7 +77,7 @@ def counts(text: str) -> dict[str, int]:
 def _float(text: str) -> float:
     """float(text), without Python's digit separators: `1_8` is a typo of 1.8 more often than 18."""
     try:
-        if "_" in text:
+        if "_" in text or not text.isascii():
             raise ValueError(text)
         return float(text)
     except ValueError:
@@ -118,7 +118,7 @@ def finite_float(text: str) -> float:
 
 def _int(text: str) -> int:
     try:
-        if "_" in text:  # a digit separator, as in _float
+        if "_" in text or not text.isascii():  # a digit separator (as in _float), or digits of another script
             raise ValueError(text)
         return int(text)
     except ValueError:

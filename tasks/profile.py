@@ -60,6 +60,16 @@ class InstanceProfile(BaseModel):
     on_demand_price: float = Field(gt=0)
     quota: int = Field(ge=0)
 
+    @field_validator("quota")
+    @classmethod
+    def _quota_within_the_count_limit(cls, quota: int) -> int:
+        """The planner enumerates counts up to each quota: a typo of 10**9 would take the memory."""
+        from tasks.cli_args import max_count
+
+        if quota > max_count():
+            raise ValueError(f"quota {quota} is more than {max_count()} (SPOTFILL_MAX_COUNT raises the limit)")
+        return quota
+
 
 class Profile(BaseModel):
     """One workload's measured parameters; units are MB, MB/s, seconds and USD per hour."""

@@ -224,8 +224,13 @@ def test_an_output_path_that_is_a_link_or_a_device_is_refused_and_left_as_it_is(
     (["predict", PROFILE, "--loss", "0_8", "--cluster", f"{LOCAL_TYPE}=1"], "not a number: '0_8'"),
     (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1_0"], "is not an integer: '1_0'"),
     (["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "1_6"], "not an integer: '1_6'"),
+    (["plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--dead", "600"], "unrecognized arguments: --dead 600"),
+    (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1", "--los", "9"], "unrecognized arguments: --los 9"),
+    (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=\u0663"], "is not an integer"),
+    (["predict", PROFILE, "--loss", "0.\uff18", "--cluster", f"{LOCAL_TYPE}=1"], "not a number"),
 ])
-def test_a_repeated_option_or_a_digit_separator_is_refused_not_read_as_the_last_or_a_larger_number(sandbox, argv, fragment):
+def test_a_repeated_or_abbreviated_option_or_a_digit_separator_is_refused_not_read_as_the_last_or_a_larger_number(
+        sandbox, argv, fragment):
     assert fragment in refuses(sandbox, argv)
 
 
@@ -470,3 +475,32 @@ def test_a_limit_variable_that_is_not_a_whole_number_is_refused_not_ignored(sand
             if name == "SPOTFILL_MAX_COUNT" else
             ["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4"])
     assert f"{name} must be a positive whole number, got {value!r}" in refuses(sandbox, argv)
+
+
+def test_an_input_that_is_not_a_regular_file_or_is_ambiguous_json_is_one_line(sandbox, tmp_path):
+    """A FIFO would block the read, /dev/zero fill the memory; a key given twice or an integer of
+    thousands of digits would be read some way without a word."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    profile = json.loads(PROFILE_TEXT)
+    cases = [(str(fifo), "is not a regular file"), (os.devnull, "is not a regular file"),
+             ("/dev/zero", "is not a regular file"), (str(tmp_path), "is not a regular file")]
+    twice = tmp_path / "twice.json"
+    twice.write_text(PROFILE_TEXT.replace('"param_mb":', '"param_mb": -5, "param_mb":', 1))
+    digits = tmp_path / "digits.json"
+    digits.write_text(json.dumps({**profile, "num_ps": 1}).replace('"num_ps": 1', '"num_ps": ' + "9" * 5000))
+    quota = tmp_path / "quota.json"
+    quota.write_text(json.dumps({**profile, "instances": [{**profile["instances"][0], "quota": 10**9}]}))
+    cases += [(str(twice), "key 'param_mb' is given twice in one object"), (str(digits), "is beyond int64"),
+              (str(quota), "quota 1000000000 is more than 1000 (SPOTFILL_MAX_COUNT")]
+    for path, fragment in cases:
+        assert fragment in refuses(sandbox, ["predict", path, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1"]), path
+    assert "is not a regular file" in refuses(sandbox, ["simulate", PROFILE, "--loss", "0.8", "--deadline", "3000",
+                                                        "--traces", str(fifo)])
+
+
+def test_a_target_the_curve_starts_below_is_refused_not_answered_with_zero_seconds(sandbox):
+    """Every cluster reaches such a target before its first update: $0 plans, all tied."""
+    assert "at or above where the fitted loss curve starts" in refuses(
+        sandbox, ["predict", PROFILE, "--loss", "5", "--cluster", f"{LOCAL_TYPE}=1"])
+    assert "the model needs no update to reach it" in refuses(sandbox, ["plan", PROFILE, "--loss", "5", "--deadline", "3600"])

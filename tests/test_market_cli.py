@@ -99,3 +99,22 @@ def test_traces_without_a_revocation_ask_for_a_band_stress_instead_of_naming_an_
     status, out, err = simulate(capsys, "--deadline", "3000", "--traces", str(quiet), "--band", G3_BANDS)
     assert status == 2 and out == "" and err.count("\n") == 1
     assert "the traces loaded show no revocation" in err and "give --band-stress X" in err
+
+
+def test_a_type_with_quota_0_is_left_out_of_the_baselines_not_taken_for_every_quota(capsys, tmp_path):
+    status, out, err = simulate(capsys, "--deadline", "2500", "--quick", "--replays", "2", "--band", G3_BANDS,
+                                "--quota", "p2.8xlarge=0", "--out-dir", str(tmp_path), "--json")
+    assert status == 0, err
+    policies = json.loads(out)["policies"]
+    assert set(policies) == POLICIES
+
+
+def test_traces_that_revoke_without_end_stop_the_replay_with_one_line(capsys, tmp_path):
+    """Two instances, one revoked every 10 s: each revocation re-plans, and the replay would run on."""
+    trace = tmp_path / "p3-flood.csv"
+    trace.write_text("0,2\n10,1\n")
+    status, out, err = simulate(capsys, "--deadline", "3600", "--replays", "1", "--band", G3_BANDS,
+                                "--traces", str(trace), "--out-dir", str(tmp_path))
+    assert status == 2 and out == ""
+    assert "revocations within" in err and "revoke far faster than a spot market does" in err
+    assert len(err.strip().splitlines()) == 1

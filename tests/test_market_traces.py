@@ -64,6 +64,9 @@ def test_simultaneous_removes_are_one_event(tmp_path):
     ("0,1,2,3\n", ":1: unknown trace format"),
     ("0,2\n5,add,a\n", "unknown trace format"),
     ("0,0\n100,0\n", "no instance is ever live"),
+    ("0,2\n1.0e306,1\n", ":2: timestamp 1.0e306 is more than ten years (in hours: it has a dot)"),
+    ("0,add,a\n1e30,remove,a\n", ":2: timestamp 1e30 ms is more than ten years"),
+    ("0,2\n1e-320,1\n", "the trace spans 1e-320 s with instances live"),
 ])
 def test_bad_traces_are_one_line_errors_naming_file_and_line(tmp_path, text, message):
     path = write(tmp_path, "parcae_p3trace.csv", text)

@@ -278,3 +278,20 @@ def test_the_verdict_says_why_training_stopped_early(tmp_path):
     assert said.startswith("SLO missed") and "training stopped early: the loss became NaN or infinite (diverged)" in said
     assert "stopped early" not in verdict(session, {**result, "ended": "deadline"}, harvested)
     assert "stopped early: stop_file" in verdict(session, {**result, "stopped": "stop_file"}, harvested)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--loss", "1.0"], "is unreachable: the fitted loss curve never goes below gamma5"),
+    (["--quota", "p3.2xlarge=0,g3.8xlarge=0"], "every candidate type's quota is 0"),
+    (["--confidence", "0.9"], "gives no interval for confidence 0.9"),
+])
+def test_run_with_a_profile_makes_its_first_plan_before_starting_anything(argv, fragment, tmp_path, capsys):
+    """What the flow's plan task would refuse is refused before a Prefect server or a process starts."""
+    from tasks.cli import main
+    from tests.conftest import REPO
+
+    status = main(["run", "--profile", str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+                   "--artifacts", str(tmp_path), *argv])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())

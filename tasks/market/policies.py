@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import InfeasibleError
+from tasks.errors import InfeasibleError, UserInputError
 from tasks.market.replan import ReplanMemo
 from tasks.model import Model
 from tasks.planner import PlanRequest, solve
@@ -66,10 +66,19 @@ def per_gpu_speed(profile: Profile) -> dict[str, float]:
     return {name: float(b / ti / g) for name, b, ti, g in zip(model.types.names, model.types.batch, t, model.types.gpus)}
 
 
+def usable_types(profile: Profile) -> list[str]:
+    """The types a homogeneous baseline may pick: a type with quota 0 can start no instance."""
+    usable = [i.type for i in profile.instances if i.quota > 0]
+    if not usable:
+        raise UserInputError("every quota is 0: no instance can be provisioned")
+    return usable
+
+
 def cheapest_single_type(profile: Profile, loss_target: float, deadline_s: float) -> str:
     """The type whose homogeneous plan meets the deadline most cheaply (fastest type if none does)."""
     best: tuple[float, str] | None = None
-    for name in profile.type_names:
+    usable = usable_types(profile)
+    for name in usable:
         only = Policy("probe", types=(name,))
         s = Situation({}, deadline_s, None, 0.0)
         try:
@@ -79,7 +88,7 @@ def cheapest_single_type(profile: Profile, loss_target: float, deadline_s: float
         if best is None or cost < best[0]:
             best = (cost, name)
     if best is None:
-        speed = per_gpu_speed(profile)
+        speed = {t: v for t, v in per_gpu_speed(profile).items() if t in usable}
         return max(speed, key=speed.get)
     return best[1]
 
@@ -87,7 +96,8 @@ def cheapest_single_type(profile: Profile, loss_target: float, deadline_s: float
 def standard_policies(profile: Profile, loss_target: float, deadline_s: float, level: float,
                       hazards_per_h: dict[str, float]) -> list[Policy]:
     """The seven policies of the comparison, in report order."""
-    speed = per_gpu_speed(profile)
+    usable = usable_types(profile)
+    speed = {t: v for t, v in per_gpu_speed(profile).items() if t in usable}
     fast, slow = max(speed, key=speed.get), min(speed, key=speed.get)
     single = cheapest_single_type(profile, loss_target, deadline_s)
     return [

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# A replay with more revocations than this is no market's (the shipped traces give a few per
+# instance-day), and each one re-plans: bad traces would keep a replay going for hours.
+MAX_REVOCATIONS = 10_000
+
+from tasks.errors import UserInputError
 from tasks.market.hazards import TypeHazard
 from tasks.market.policies import Policy, Situation
 from tasks.model import Model
@@ -218,6 +223,10 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         for i in gone:
             ends[i] = t
         revocations += len(gone)
+        if revocations > MAX_REVOCATIONS:
+            raise UserInputError(
+                f"a replay saw more than {MAX_REVOCATIONS:,} revocations within {t:.0f} s (one every {t / revocations:.2g} s): "
+                "the traces or hazards given revoke far faster than a spot market does; check them (or --band-stress)")
         if policy.restart_on_preemption:
             for i in alive:
                 ends[i] = t

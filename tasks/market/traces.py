@@ -25,6 +25,8 @@ from tasks.inputs import read_text
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE_DIR = REPO / "profiles" / "traces"
+MAX_TRACE_S = 10 * 365 * 86400.0  # a later time is a typo (or, with a dot, hours overflowing)
+MIN_TRACE_S = 1.0  # a shorter trace gives a hazard of its own rounding, not of a market
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ def _from_steps(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     for line_no, row in enumerate(rows, 1):
         where = f"{path}:{line_no}"
         t = _number(row[0], where) * unit_s
+        if t > MAX_TRACE_S:
+            raise UserInputError(f"{where}: timestamp {row[0]} is more than ten years{' (in hours: it has a dot)' if unit_s > 1 else ''}")
         try:
             live = int(row[1])
         except ValueError:
@@ -127,6 +131,8 @@ def _from_nodes(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     for line_no, row in enumerate(rows, 1):
         where = f"{path}:{line_no}"
         t = _number(row[0], where) / 1000.0
+        if t > MAX_TRACE_S:
+            raise UserInputError(f"{where}: timestamp {row[0]} ms is more than ten years")
         times.append(t)
         _check_monotone(times, where)
         inst_s += len(live) * (t - t_prev)
@@ -167,6 +173,9 @@ def load_trace(path: str | Path) -> Trace:
         raise UserInputError(f"{path}:{bad}: unknown trace format (expected `seconds,live_instances` "
                              f"or `milliseconds,add|remove,node_id`)")
     events, fracs, live_from_s, duration_s, revocations, inst_h = parse(path, rows)
+    if duration_s - live_from_s < MIN_TRACE_S:
+        raise UserInputError(f"{path}: the trace spans {duration_s - live_from_s:.3g} s with instances live; "
+                             f"one that says something about revocations spans at least {MIN_TRACE_S:g} s")
     if inst_h <= 0:
         raise UserInputError(f"{path}: no instance is ever live, so the trace says nothing about revocations")
     return Trace(path.stem, family_of(path.stem), live_from_s, duration_s, np.array(events), np.array(fracs),

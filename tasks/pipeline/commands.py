@@ -136,9 +136,7 @@ def check_request(request) -> None:
     from tasks.errors import UserInputError
 
     if request.profile is not None:
-        from tasks.profile import load_profile
-
-        load_profile(request.profile)
+        check_first_plan(request)
     local = request.provider.name == "local"
     if local and request.provider.revocations.trace:
         from tasks.market.traces import load_trace, trace_path
@@ -164,6 +162,23 @@ def check_request(request) -> None:
         if local:
             check_device(fill)
     cli_args.check_workload(request.workload, request.workload_options)  # builds the model, trains one step
+
+
+def check_first_plan(request) -> None:
+    """With a profile given, the run's first plan is made here as the flow's plan task makes it
+    (a target the curve cannot reach or starts below, quotas of 0, a confidence the profile has
+    no spread for, a plan over the budget cap): refused before a server or a process starts."""
+    from pathlib import Path
+
+    from tasks.pipeline.session import TrainingSession
+    from tasks.pipeline.stages import load_request_profile
+
+    from tasks.errors import UserInputError
+
+    session = TrainingSession(request, load_request_profile(request), provider=None, run_id="check", run_dir=Path("."))
+    if not any(session.quota.values()):
+        raise UserInputError("every candidate type's quota is 0: no instance can be provisioned")
+    session.solve_or_fastest(session.plan_request(request.slo.deadline_s))
 
 
 def check_aws_settings(request) -> None:

@@ -58,7 +58,7 @@ def capped_quotas(quota: dict[str, int], max_instances: int) -> dict[str, int]:
 
 
 class TrainingSession:
-    def __init__(self, request: TrainRequest, profile: Profile, provider: Provider, run_id: str, run_dir: Path,
+    def __init__(self, request: TrainRequest, profile: Profile, provider: Provider | None, run_id: str, run_dir: Path,
                  ps_megabits_per_s: float | None = None):
         self.request = request
         self.profile = profile
@@ -85,7 +85,9 @@ class TrainingSession:
         self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
         self.progress_origin: tuple[float, float | None] = (0.0, None)  # (t_s, loss) where the plan in effect began
         self._hazards: dict[str, float] | None = None
-        types = {t.name: t for t in provider.list_types()}
+        # provider None: a session that only plans (`spotfill run`'s check before it starts
+        # anything), with no prices to hold against the budget cap
+        types = {} if provider is None else {t.name: t for t in provider.list_types()}
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
         self.ps_type = profile.type_names[0]
         # the PS runs as the profile's num_ps shards (docs/runtime.md), each an on-demand instance

@@ -12,7 +12,7 @@ import numpy as np
 from tasks.errors import InfeasibleError
 from tasks.planner import exact
 from tasks.planner.heuristic import solve_heuristic
-from tasks.planner.problem import PlanRequest, PlanResult, Problem, build_problem, make_result
+from tasks.planner.problem import PlanRequest, PlanResult, Problem, build_problem, make_result, require_training
 
 __all__ = ["PlanRequest", "PlanResult", "solve", "solve_problem", "fastest_plan", "fastest_time_s"]
 
@@ -79,4 +79,5 @@ def solve(request: PlanRequest) -> PlanResult:
     result = solve_problem(build_problem(request))
     if not result.feasible:
         raise InfeasibleError(result.message, result.fastest_time_s)
+    require_training(result.iterations, request.loss_target, result.plan)
     return result

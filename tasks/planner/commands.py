@@ -61,6 +61,7 @@ def predict(args: argparse.Namespace) -> int:
     from tasks.errors import UserInputError
     from tasks.intervals import check_level, time_interval_s
     from tasks.model import Model
+    from tasks.planner.problem import require_training
     from tasks.profile import load_profile
 
     check_level(args.level, "--level")
@@ -78,6 +79,7 @@ def predict(args: argparse.Namespace) -> int:
         "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
     }
     require_finite(out, args.profile)
+    require_training(out["iterations"], args.loss, args.cluster)
     fitted = profile.fitted_workers
     if fitted is not None:  # outside the sizes the loss curve was fitted on, the n-shape is extrapolated
         out["fitted_workers"] = list(fitted)

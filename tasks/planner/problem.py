@@ -240,6 +240,15 @@ def better(cost_a: float, time_a: float, n_a: float, cost_b: float, time_b: floa
     return key_a > key_b
 
 
+def require_training(iterations: float, loss_target: float, cluster: dict[str, int]) -> None:
+    """A target the fitted curve starts below needs no update: every cluster it holds for costs
+    $0, so an answer of 0 s would look valid and say nothing. Refused, naming the cluster."""
+    if iterations == 0:
+        named = ", ".join(f"{t}={n}" for t, n in cluster.items() if n)
+        raise UserInputError(f"loss target {loss_target:g} is at or above where the fitted loss curve starts on "
+                             f"{named}: the model needs no update to reach it; name a lower target")
+
+
 def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status: str, solve_s: float,
                 evaluated: int, fastest_time_s: float | None = None, message: str = "") -> PlanResult:
     names = problem.model.types.names
