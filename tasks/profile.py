@@ -5,6 +5,7 @@ as the numbers it reads.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,7 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.errors import UserInputError
 
 
-_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+# strict: a profile's `"param_mb": true` or `"gpus": "8"` is a mistake to name, not a 1 or an 8 to guess
+_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+# an instance type as the CLI names it in TYPE=N lists: no spaces, commas, '=' or '@' (the
+# separator of TYPE@REGION offers), no look-alike characters
+TYPE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 
 
 class Contention(BaseModel):
@@ -52,13 +57,21 @@ class Uncertainty(BaseModel):
 
 class InstanceProfile(BaseModel):
     model_config = _CONFIG
-    type: str = Field(min_length=1)
+    type: str
     gpus: int = Field(gt=0)
     batch_per_gpu: int = Field(gt=0)
     compute_time_s: float = Field(gt=0)
     spot_price: float = Field(gt=0)
     on_demand_price: float = Field(gt=0)
     quota: int = Field(ge=0)
+
+    @field_validator("type")
+    @classmethod
+    def _type_name_the_cli_can_name(cls, name: str) -> str:
+        if not re.fullmatch(TYPE_NAME, name):
+            raise ValueError(f"instance type {name[:60]!r} must be 1-100 ASCII letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit (as TYPE=N lists name it)")
+        return name
 
     @field_validator("quota")
     @classmethod
@@ -91,9 +104,9 @@ class Profile(BaseModel):
     def _unique_types(cls, instances: list[InstanceProfile]) -> list[InstanceProfile]:
         seen: set[str] = set()
         for inst in instances:
-            if inst.type in seen:
+            if inst.type.lower() in seen:  # P3.2XLARGE beside p3.2xlarge: one type twice, or a typo
                 raise ValueError(f"duplicate instance type {inst.type!r}")
-            seen.add(inst.type)
+            seen.add(inst.type.lower())
         return instances
 
     @property

@@ -49,3 +49,40 @@ def test_an_instance_table_of_the_wrong_shape_is_one_line_naming_it(tmp_path, ca
     table.write_text("{}")
     with pytest.raises(UserInputError, match="is not one spotfill wrote"):
         LocalProvider(tmp_path).describe("r1")
+
+
+
+def _crashed_run_without_start_ticks(tmp_path) -> int:
+    subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=300, check=False)
+    table = tmp_path / "crashed-run" / "instances.json"
+    data = json.loads(table.read_text())
+    data["instances"][0]["start_ticks"] = None  # as launch records a child that had already exited
+    table.write_text(json.dumps(data))
+    return data["instances"][0]["pid"]
+
+
+def _cleanup_terminated(tmp_path, capsys) -> int:
+    assert main(["cleanup", "--run-id", "crashed-run", "--provider", "local", "--artifacts", str(tmp_path),
+                 "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["terminated"]
+
+
+def test_a_row_whose_start_was_not_recorded_is_not_alive_and_its_pid_is_left_alone(tmp_path, capsys):
+    """Such a child had exited when launch recorded it: its pid, gone, is no sign of life, and if
+    the pid is another process's by now (the sleeper stands in for it) nothing is sent to it."""
+    import os
+    import signal
+
+    pid = _crashed_run_without_start_ticks(tmp_path)
+    try:
+        assert _cleanup_terminated(tmp_path, capsys) == 0
+        os.kill(pid, 0)  # still there: no signal went to a process the table cannot vouch for
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+    gone = tmp_path / "gone"
+    pid = _crashed_run_without_start_ticks(gone)
+    os.killpg(pid, signal.SIGKILL)
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]:
+        os.sched_yield()
+    assert _cleanup_terminated(gone, capsys) == 0  # not "1 terminated" for a process that is not there
+    assert LocalProvider(artifacts_dir=gone).describe("crashed-run") == []

@@ -504,3 +504,25 @@ def test_a_target_the_curve_starts_below_is_refused_not_answered_with_zero_secon
     assert "at or above where the fitted loss curve starts" in refuses(
         sandbox, ["predict", PROFILE, "--loss", "5", "--cluster", f"{LOCAL_TYPE}=1"])
     assert "the model needs no update to reach it" in refuses(sandbox, ["plan", PROFILE, "--loss", "5", "--deadline", "3600"])
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["predict", PROFILE, "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1", "--level", "0.5"],
+     "has no uncertainty.time_log_sd"),
+    (["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4", "--notice-s", "3"],
+     "--notice-s sets how a trace is replayed, but no --trace is given"),
+    (["train", "--workload", "resnet20", "--workers", f"{LOCAL_TYPE}=1", "--batch-size", "4", "--trace-time-scale", "9"],
+     "--trace-time-scale sets how a trace is replayed"),
+    (["validate", "--profile", PROFILE, "--iterations", "5"], "--iterations sets how to profile, but --profile"),
+    (["run", "--risk-level", "0.9"], "risk_level 0.9 is used by solver 'risk' only"),
+])
+def test_an_option_that_would_do_nothing_is_refused_not_ignored(sandbox, argv, fragment):
+    assert fragment in refuses(sandbox, argv)
+
+
+def test_plan_does_not_write_its_plan_over_the_profile_it_reads(sandbox, tmp_path):
+    copy = tmp_path / "profile.json"
+    copy.write_text(PROFILE_TEXT)
+    assert "is the profile this plan reads" in refuses(
+        sandbox, ["plan", str(copy), "--loss", "0.8", "--deadline", "3000", "--out", str(copy)])
+    assert copy.read_text() == PROFILE_TEXT

@@ -169,7 +169,7 @@ def profiles_with_twins(draw):
     for inst in list(data["instances"]):
         for copy in range(draw(st.integers(0, 2))):
             price = draw(st.sampled_from([inst["spot_price"], inst["spot_price"] * 0.7, inst["spot_price"] * 1.3]))
-            data["instances"].append(inst | {"type": f"{inst['type']}@r{copy}", "spot_price": price,
+            data["instances"].append(inst | {"type": f"{inst['type']}-r{copy}", "spot_price": price,
                                              "quota": draw(st.integers(0, 3))})
     return profile_from_dict(data)
 

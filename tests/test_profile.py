@@ -36,6 +36,16 @@ def test_shipped_profile_loads():
         (lambda d: d["loss"].update(kappa=1.5), "loss.kappa: Input should be less than or equal to 1"),
         (lambda d: d["contention"].update(by="bandwidth"), "contention.by: Input should be 'workers' or 'load'"),
         (lambda d: d.update(uncertainty={"time_log_sd": -0.1}), "uncertainty.time_log_sd"),
+        # strict types: a bool or a numeral in a string is a mistake to name, not a number to guess
+        (lambda d: d.update(param_mb=True), "param_mb: Input should be a valid number"),
+        (lambda d: d["instances"][0].update(gpus="8"), "instances.0.gpus: Input should be a valid integer"),
+        (lambda d: d["instances"][0].update(quota=True), "instances.0.quota: Input should be a valid integer"),
+        # type names the CLI's TYPE=N lists can name, told apart whatever their case
+        (lambda d: d["instances"][0].update(type="a,b=1"), "instance type 'a,b=1' must be 1-100 ASCII letters"),
+        (lambda d: d["instances"][0].update(type="p3.2xlarge\n"), "instance type 'p3.2xlarge\\n' must be"),
+        (lambda d: d["instances"][0].update(type="p3.2xlarge@us-east-1"), "must be 1-100 ASCII letters, digits"),
+        (lambda d: d["instances"][0].update(type="P3.2XLARGE") or d["instances"].append(shipped()["instances"][0]),
+         "duplicate instance type 'p3.2xlarge'"),
     ],
 )
 def test_bad_profile_field_is_named(mutate, expected):

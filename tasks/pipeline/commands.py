@@ -7,6 +7,7 @@ import argparse
 import json
 
 from tasks import cli_args
+from tasks.planner.problem import RISK_LEVEL
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset.
@@ -48,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
     p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
-    p.add_argument("--risk-level", type=cli_args.positive_float, default=0.95,
-                   help="with --solver risk: probability of meeting the deadline to plan for")
+    p.add_argument("--risk-level", type=cli_args.positive_float, default=RISK_LEVEL,
+                   help=f"with --solver risk: probability of meeting the deadline to plan for (default {RISK_LEVEL:g})")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,
                    help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
     p.add_argument("--provider", choices=["local", "aws"], default="local")

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from tasks import cli_args
+from tasks.planner.problem import RISK_LEVEL
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 TEN_YEARS_S = 10 * 365 * 86400.0  # every duration's bound, as on the CLI: larger is a typo
@@ -138,7 +139,7 @@ class TrainRequest(BaseModel):
     solver: Literal["exact", "heuristic", "risk"] = "exact"
     regions: list[str] = Field(default_factory=list, description="must stay empty: the pipeline launches the "
                                "profile's types in provider.region; `spotfill plan --regions` plans across regions")
-    risk_level: float = Field(0.95, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
+    risk_level: float = Field(RISK_LEVEL, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
     overhead_s: float = Field(3.0, ge=0, le=TEN_YEARS_S, description="T_ohd: time for new instances to start and join")
@@ -216,6 +217,12 @@ class TrainRequest(BaseModel):
                 raise ValueError(f"profiling {self.profiling!r} does nothing with a profile given (profile is used as is)")
             if self.profile_budget_s is not None:
                 raise ValueError("profile_budget_s does nothing with a profile given (profile is used as is)")
+        return self
+
+    @model_validator(mode="after")
+    def _risk_level_needs_the_risk_solver(self) -> "TrainRequest":
+        if self.solver != "risk" and self.risk_level != RISK_LEVEL:
+            raise ValueError(f"risk_level {self.risk_level:g} is used by solver 'risk' only (solver is {self.solver!r})")
         return self
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
-    p.add_argument("--level", type=cli_args.finite_float, default=0.9,
+    p.add_argument("--level", type=cli_args.finite_float, default=None,
                    help="level of the two-sided time interval, in (0, 1) (profiles with a measured error spread)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=predict)
@@ -64,8 +64,12 @@ def predict(args: argparse.Namespace) -> int:
     from tasks.planner.problem import require_training
     from tasks.profile import load_profile
 
-    check_level(args.level, "--level")
+    if args.level is not None:
+        check_level(args.level, "--level")
     profile = load_profile(args.profile)
+    if args.level is not None and profile.uncertainty is None:
+        raise UserInputError(f"--level {args.level:g}: {args.profile} has no uncertainty.time_log_sd (the error spread "
+                             "`spotfill profile` measures), so it gives no interval")
     if not args.cluster or sum(args.cluster.values()) == 0:
         raise UserInputError("--cluster names no instance (expected TYPE=N with N > 0)")
     profile.loss.require_reachable(args.loss)
@@ -85,8 +89,9 @@ def predict(args: argparse.Namespace) -> int:
         out["fitted_workers"] = list(fitted)
         out["extrapolated"] = not fitted[0] <= out["workers"] <= fitted[1]
     if profile.uncertainty is not None:  # a profile without a measured spread gives no interval
-        low_s, high_s = time_interval_s(profile, args.level, r["time_s"])
-        out["interval"] = {"level": args.level, "time_s": [low_s, high_s],
+        level = 0.9 if args.level is None else args.level
+        low_s, high_s = time_interval_s(profile, level, r["time_s"])
+        out["interval"] = {"level": level, "time_s": [low_s, high_s],
                            "cost_usd": [low_s / 3600 * r["usd_per_h"], high_s / 3600 * r["usd_per_h"]]}
         require_finite({"interval's upper time": high_s}, args.profile)
     if args.json:
@@ -112,8 +117,11 @@ def plan(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
     from tasks.planner import PlanRequest, solve
     from tasks.planner.offers import parse_regions
+    from tasks.errors import UserInputError
     from tasks.profile import load_profile
 
+    if args.out and args.out.exists() and args.out.samefile(args.profile):
+        raise UserInputError(f"--out {args.out} is the profile this plan reads: it would be replaced by the plan")
     request = PlanRequest(
         profile=load_profile(args.profile), loss_target=args.loss, deadline_s=args.deadline,
         existing=args.existing, quota=args.quota, overhead_s=args.overhead,

@@ -17,6 +17,7 @@ SolverName = Literal["exact", "heuristic", "risk"]
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
 # that floating-point summation order never decides between equally good plans.
 COST_TIE_REL = 1e-9
+RISK_LEVEL = 0.95  # the risk solver's default probability of meeting the deadline
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class PlanRequest:
     # deadline with at least this probability, given per-type revocation hazards (revocations per
     # instance-hour; types left out are never revoked) and the time a revoked instance's
     # replacement takes to join.
-    target_probability: float = 0.95
+    target_probability: float = RISK_LEVEL
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     recovery_s: float = 120.0
     # Plan over offers (type, region) in these regions ("all": every one the catalog prices)

@@ -91,6 +91,11 @@ def _validate(args) -> int:
     from tasks.progress import ProgressBar
 
     started_s = time.monotonic()
+    if args.profile is not None:  # the profile is validated as it is: profiling settings would do nothing
+        given = [flag for flag, value in (("--iterations", args.iterations), ("--cluster-duration", args.cluster_duration),
+                                          ("--profile-budget-s", args.profile_budget_s)) if value is not None]
+        if given:
+            raise UserInputError(f"{given[0]} sets how to profile, but --profile {args.profile} is validated as it is")
     preset, provider, emulation = _setup(args)
     path = args.profile
     if path is None:

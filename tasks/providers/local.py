@@ -157,7 +157,8 @@ class LocalProvider(Provider):
         child = self._children.get(row["pid"])
         if child is not None and child.poll() is not None:
             return False
-        return _proc_start_ticks(row["pid"]) == row["start_ticks"]
+        ticks = row["start_ticks"]  # None: the child had exited at launch (None == None is no sign of life)
+        return ticks is not None and _proc_start_ticks(row["pid"]) == ticks
 
     def _settle(self, run_id: str, table: dict) -> bool:
         """Mark exited processes terminated and take instances whose notice ran out."""
@@ -286,7 +287,8 @@ class LocalProvider(Provider):
                 while time.monotonic() < deadline_s and any(self._alive(r) for r in rows):
                     time.sleep(0.05)
                 for r in rows:
-                    _kill_group(r["pid"], signal.SIGKILL)
+                    if r["start_ticks"] is not None:  # its group's stragglers; an unrecorded pid may be another's now
+                        _kill_group(r["pid"], signal.SIGKILL)
                     self._reap(r["pid"])
                     r["state"] = "terminated"
                 self._save(run_id, table)

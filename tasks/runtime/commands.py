@@ -11,6 +11,8 @@ from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # Local workers are processes on this machine: more than this is a typo that would swamp it.
 DEFAULT_MAX_LOCAL_WORKERS = 16
+TRACE_TIME_SCALE = 1000.0  # --trace-time-scale's default: trace seconds per real second
+NOTICE_S = 5.0  # --notice-s's default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the PS applies a stale gradient (default: {DEFAULT_RULE}; docs/runtime.md)")
     p.add_argument("--trace", type=Path, default=None, help="replay revocations from a Bamboo/Parcae trace")
-    p.add_argument("--trace-time-scale", type=positive_float, default=1000.0, help="trace seconds per real second")
-    p.add_argument("--notice-s", type=duration_s, default=5.0, help="revocation notice period")
+    p.add_argument("--trace-time-scale", type=positive_float, default=None,
+                   help=f"with --trace: trace seconds per real second (default {TRACE_TIME_SCALE:g})")
+    p.add_argument("--notice-s", type=duration_s, default=None,
+                   help=f"with --trace: revocation notice period (default {NOTICE_S:g} s)")
     p.add_argument("--artifacts", type=cli_args.output_dir, default=None,
                    help="run folders go here (default: the repository's artifacts/)")
     p.add_argument("--run-id", type=cli_args.identifier, default=None, help="default: train-<time>")
@@ -74,6 +78,11 @@ def _train(args: argparse.Namespace) -> int:
         from tasks.market.traces import load_trace
 
         load_trace(args.trace)
+    else:
+        given = [flag for flag, value in (("--trace-time-scale", args.trace_time_scale), ("--notice-s", args.notice_s))
+                 if value is not None]
+        if given:
+            raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
     cli_args.check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
     # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
@@ -88,7 +97,8 @@ def _train(args: argparse.Namespace) -> int:
         for instance_type, n in args.workers.items():
             driver.add_workers(run, instance_type, n, args.batch_size)
         if args.trace:
-            provider.replay_trace(run_id, args.trace, args.trace_time_scale, args.notice_s)
+            provider.replay_trace(run_id, args.trace, args.trace_time_scale or TRACE_TIME_SCALE,
+                                  NOTICE_S if args.notice_s is None else args.notice_s)
         bar = ProgressBar(args.max_updates or 1, f"train {run_id}")
         deadline_s = started_s + args.timeout_s
         workers = [i.instance_id for i in provider.describe(run_id) if i.role == "worker"]
