@@ -17,6 +17,7 @@ from pathlib import Path
 from tasks import cli_args
 from tasks.errors import UserInputError
 from tasks.inputs import read_json, read_text
+from tasks.profile import TYPE_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = REPO / "profiles" / "sources"
@@ -32,13 +33,29 @@ def network_mbps(label: str) -> float | None:
     return links * float(m.group(2)) * 1000.0 / 8.0
 
 
+MAX_PRICE_USD_PER_H = 1e6  # the dearest EC2 type costs about $100/h; more is a corrupt source
+
+
 def _price(value) -> float | None:
-    """A positive, finite price, else None (no price)."""
+    """A positive price of at most MAX_PRICE_USD_PER_H, else None (no price)."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         return None
-    return v if 0 < v < math.inf else None
+    return v if 0 < v <= MAX_PRICE_USD_PER_H else None
+
+
+def _listed_price(value, where: str) -> float | None:
+    """A source's price: absent (null) is no price; anything else must be a positive number."""
+    if value is None:
+        return None
+    price = _price(value)
+    if price is None:
+        raise UserInputError(f"{where} is {value!r}, not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g}; null: none)")
+    return price
+
+
+MAX_GPUS = 1024  # per instance: the largest EC2 type has 16; more is a corrupt source
 
 
 def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -53,7 +70,7 @@ def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]
         az_id, itype, _, price, ts = row
         value = _price(price)
         if value is None:
-            raise UserInputError(f"{tsv_path}:{line}: price {price!r} is not a positive number")
+            raise UserInputError(f"{tsv_path}:{line}: price {price!r} is not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g})")
         by_type_az[(itype, az_id)].append((ts, value))
     if not by_type_az:
         raise UserInputError(f"{tsv_path} has no Linux/UNIX price row of 5 tab-separated columns "
@@ -85,21 +102,33 @@ def _build_catalog(sources: Path) -> dict:
     history = spot_history_stats(sources / "spot-prices-gpu-2022-05-31.tsv")
     if not isinstance(instances, list) or not instances:
         raise UserInputError(f"{sources / 'ec2-gpu-instances.json'} lists no instance type")
-    types = []
+    types, seen = [], set()
+    source = sources / "ec2-gpu-instances.json"
     for inst in sorted(instances, key=lambda i: i["instance_type"]):
         name = inst["instance_type"]
+        if not isinstance(name, str) or not re.fullmatch(TYPE_NAME, name):
+            raise UserInputError(f"{source}: instance type {name!r:.60} is not a type name")
+        if name in seen:
+            raise UserInputError(f"{source}: instance type {name} is listed twice")
+        seen.add(name)
         gpus = inst.get("GPU") or 0
-        if type(gpus) not in (int, float) or not 0 <= gpus < math.inf:  # fractional GPUs exist (g6f: 0.25)
-            raise UserInputError(f"{sources / 'ec2-gpu-instances.json'}: {name}'s GPU count is {gpus!r}, not a number")
+        if type(gpus) not in (int, float) or not 0 <= gpus <= MAX_GPUS:  # fractional GPUs exist (g6f: 0.25)
+            raise UserInputError(f"{source}: {name}'s GPU count is {gpus!r}, not a number of GPUs (0..{MAX_GPUS})")
+        if not isinstance(inst.get("GPU_model"), (str, type(None))):
+            raise UserInputError(f"{source}: {name}'s GPU model is {inst['GPU_model']!r}, not a name")
         regions = {}
         for region, pricing in sorted(inst.get("pricing", {}).items()):
             linux = pricing.get("linux") or {}
             band = advisor["spot_advisor"].get(region, {}).get("Linux", {}).get(name, {}).get("r")
+            if band is not None and (type(band) is not int or str(band) not in bands):
+                raise UserInputError(f"{sources / 'spot-advisor-data.json'}: {name} in {region} has interruption band "
+                                     f"{band!r}, not one of its ranges ({', '.join(sorted(bands))})")
+            where = f"{source}: {name} in {region}:"
             regions[region] = {
-                "on_demand_usd_per_h": _price(linux.get("ondemand")),
-                "spot_min_usd_per_h": _price(linux.get("spot_min")),
-                "spot_avg_usd_per_h": _price(linux.get("spot_avg")),
-                "spot_max_usd_per_h": _price(linux.get("spot_max")),
+                "on_demand_usd_per_h": _listed_price(linux.get("ondemand"), f"{where} ondemand"),
+                "spot_min_usd_per_h": _listed_price(linux.get("spot_min"), f"{where} spot_min"),
+                "spot_avg_usd_per_h": _listed_price(linux.get("spot_avg"), f"{where} spot_avg"),
+                "spot_max_usd_per_h": _listed_price(linux.get("spot_max"), f"{where} spot_max"),
                 "interruption_band": band,
                 "interruption_label": bands.get(str(band)) if band is not None else linux.get("pct_interrupt"),
             }

@@ -43,13 +43,32 @@ TSV = "spot-prices-gpu-2022-05-31.tsv"
 
 
 @pytest.mark.parametrize("name, text, message", [
-    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t-0.49\t2022-05-31T00:00:00\n", ":1: price '-0.49' is not a positive number"),
-    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\tnan\t2022-05-31T00:00:00\n", ":1: price 'nan' is not a positive number"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t-0.49\t2022-05-31T00:00:00\n", ":1: price '-0.49' is not a price"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\tnan\t2022-05-31T00:00:00\n", ":1: price 'nan' is not a price"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t1e308\t2022-05-31T00:00:00\n", ":1: price '1e308' is not a price"),
     (TSV, "us-east-1a\tp3.2xlarge\n", "has no Linux/UNIX price row of 5 tab-separated columns"),
     (TSV, "", "has no Linux/UNIX price row"),
     ("ec2-gpu-instances.json", "{}", "lists no instance type"),
     ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": "lots"}]', "GPU count is 'lots', not a number"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 5000}]', "GPU count is 5000, not a number of GPUs"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1}, {"instance_type": "p3.2xlarge", "GPU": 1}]',
+     "instance type p3.2xlarge is listed twice"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "", "GPU": 1}]', "instance type '' is not a type name"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "GPU_model": 5}]', "GPU model is 5, not a name"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "pricing": {"us-east-1": {"linux": '
+                               '{"ondemand": "-3"}}}}]', "p3.2xlarge in us-east-1: ondemand is '-3', not a price"),
 ])
 def test_sources_that_parse_but_are_wrong_build_no_catalog(tmp_path, name, text, message):
     with pytest.raises(UserInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_catalog(_sources(tmp_path, name, text))
+
+
+def test_an_interruption_band_outside_the_advisor_ranges_builds_no_catalog(tmp_path):
+    import json
+
+    advisor = json.loads((SOURCES / "spot-advisor-data.json").read_text())
+    region, name = "us-east-1", "p3.2xlarge"
+    for band in (9, -1, 2.5, "x"):
+        advisor["spot_advisor"][region]["Linux"][name]["r"] = band
+        with pytest.raises(UserInputError, match=f"{name} in {region} has interruption band"):
+            build_catalog(_sources(tmp_path / str(band), "spot-advisor-data.json", json.dumps(advisor)))
