@@ -86,3 +86,18 @@ def test_a_row_whose_start_was_not_recorded_is_not_alive_and_its_pid_is_left_alo
         os.sched_yield()
     assert _cleanup_terminated(gone, capsys) == 0  # not "1 terminated" for a process that is not there
     assert LocalProvider(artifacts_dir=gone).describe("crashed-run") == []
+
+
+def test_a_hand_edited_table_of_another_run_does_not_stop_this_runs_cleanup(tmp_path, capsys):
+    subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=300, check=False)
+    good = json.loads((tmp_path / "crashed-run" / "instances.json").read_text())
+    for run_id, change in (("deadline-text", {"notice_deadline_s": "soon"}), ("id-list", {"instance_id": ["i-1"]}),
+                           ("pid-bool", {"pid": True})):
+        (tmp_path / run_id).mkdir()
+        row = {**good["instances"][0], "run_id": run_id, **change}
+        (tmp_path / run_id / "instances.json").write_text(json.dumps({**good, "instances": [row]}))
+        assert main(["cleanup", "--run-id", run_id, "--provider", "local", "--artifacts", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is not one spotfill wrote" in err and run_id in err
+    assert _cleanup_terminated(tmp_path, capsys) == 1
+    assert LocalProvider(artifacts_dir=tmp_path).describe("crashed-run") == []

@@ -87,16 +87,26 @@ def child_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries))
 
 
-ROW_KEYS = frozenset({"instance_id", "type", "role", "market", "state", "run_id", "plan_id", "address",
-                      "launched_at_s", "pid", "start_ticks", "notice_file", "notice_deadline_s"})
+
+
+_NUMBER, _TEXT = (int, float), (str,)
+ROW_TYPES = {"instance_id": _TEXT, "type": _TEXT, "role": _TEXT, "market": _TEXT, "state": _TEXT, "run_id": _TEXT,
+             "plan_id": _TEXT, "address": _TEXT, "launched_at_s": _NUMBER, "pid": (int,),
+             "start_ticks": (int, type(None)), "notice_file": (str, type(None)),
+             "notice_deadline_s": (int, float, type(None))}
+
+
+def _is_row(row) -> bool:
+    return (isinstance(row, dict) and row.keys() >= ROW_TYPES.keys()
+            and all(type(row[key]) in kinds for key, kinds in ROW_TYPES.items()) and row["pid"] > 0)
 
 
 def _is_table(table) -> bool:
-    """The shape _save writes: {"instances": [row, ...], "events": [...], "next_id": int}."""
+    """The shape _save writes: {"instances": [row, ...], "events": [...], "next_id": int}, each
+    row's fields of the types launch writes (a hand-edited table fails here, not in a comparison)."""
     return (isinstance(table, dict) and isinstance(table.get("instances"), list)
             and isinstance(table.get("events"), list) and type(table.get("next_id")) is int
-            and all(isinstance(row, dict) and ROW_KEYS <= row.keys() and type(row["pid"]) is int
-                    for row in table["instances"]))
+            and all(_is_row(row) for row in table["instances"]))
 
 
 class LocalProvider(Provider):
@@ -276,7 +286,10 @@ class LocalProvider(Provider):
         wanted = set(instance_ids)
         for run_id in self._runs():
             with self._lock:
-                table = self._load(run_id)
+                try:
+                    table = self._load(run_id)
+                except UserInputError:  # another run's table, edited by hand: it holds none of these
+                    continue
                 rows = [r for r in table["instances"] if r["instance_id"] in wanted and r["state"] != "terminated"]
                 if not rows:
                     continue
