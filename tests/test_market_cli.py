@@ -77,6 +77,7 @@ def test_simulate_rejects_a_trace_of_a_family_the_profile_lacks(capsys, tmp_path
     (["--deadline", "3000", "--band", "g3.8xlarge=7,g3.16xlarge=4"], "band for g3.8xlarge must be 0..4"),
     (["--deadline", "3000", "--band", G3_BANDS, "--traces", str(REPO / "nope.csv")], "trace not found"),
     (["--deadline", "3000", "--band", G3_BANDS, "--band-stress", "1e9"], "--band-stress: must be at most 100000"),
+    (["--deadline", "1", "--band", G3_BANDS], "no plan meets the deadline: the fastest plan within the quotas takes"),
 ])
 def test_simulate_bad_options(capsys, args, message):
     status, _, err = simulate(capsys, *args)
