@@ -19,8 +19,11 @@ DEFAULT_LEVEL = 0.9
 
 
 def check_level(level: float, what: str = "level") -> float:
+    """A two-sided level in (0, 1) whose upper quantile (1 + level) / 2 is still below 1 in floats."""
     if not (math.isfinite(level) and 0.0 < level < 1.0):
         raise UserInputError(f"{what} must be in (0, 1), got {level}")
+    if not (1.0 + level) / 2.0 < 1.0:
+        raise UserInputError(f"{what} {level!r} is too close to 1 for an interval (the normal quantile is infinite)")
     return level
 
 

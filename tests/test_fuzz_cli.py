@@ -526,3 +526,13 @@ def test_plan_does_not_write_its_plan_over_the_profile_it_reads(sandbox, tmp_pat
     assert "is the profile this plan reads" in refuses(
         sandbox, ["plan", str(copy), "--loss", "0.8", "--deadline", "3000", "--out", str(copy)])
     assert copy.read_text() == PROFILE_TEXT
+
+
+def test_a_level_too_close_to_1_for_an_interval_is_named(sandbox, tmp_path):
+    spread = tmp_path / "spread.json"
+    spread.write_text(json.dumps({**json.loads(PROFILE_TEXT), "uncertainty": {"time_log_sd": 0.1}}))
+    level = "0.9999999999999999"  # below 1, but (1 + level) / 2 is 1.0 in floats
+    assert "--level 0.9999999999999999 is too close to 1" in refuses(
+        sandbox, ["predict", str(spread), "--loss", "0.8", "--cluster", f"{LOCAL_TYPE}=1", "--level", level])
+    assert "confidence 0.9999999999999999 is too close to 1" in refuses(
+        sandbox, ["plan", str(spread), "--loss", "0.8", "--deadline", "3000", "--confidence", level])

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
     p.add_argument("--level", type=cli_args.finite_float, default=None,
-                   help="level of the two-sided time interval, in (0, 1) (profiles with a measured error spread)")
+                   help="level of the two-sided time interval, in (0, 1) (default 0.9; profiles with a measured error spread)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=predict)
 
@@ -59,7 +59,7 @@ def require_finite(values: dict, source: str) -> None:
 def predict(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
     from tasks.errors import UserInputError
-    from tasks.intervals import check_level, time_interval_s
+    from tasks.intervals import DEFAULT_LEVEL, check_level, time_interval_s
     from tasks.model import Model
     from tasks.planner.problem import require_training
     from tasks.profile import load_profile
@@ -89,7 +89,7 @@ def predict(args: argparse.Namespace) -> int:
         out["fitted_workers"] = list(fitted)
         out["extrapolated"] = not fitted[0] <= out["workers"] <= fitted[1]
     if profile.uncertainty is not None:  # a profile without a measured spread gives no interval
-        level = 0.9 if args.level is None else args.level
+        level = DEFAULT_LEVEL if args.level is None else args.level
         low_s, high_s = time_interval_s(profile, level, r["time_s"])
         out["interval"] = {"level": level, "time_s": [low_s, high_s],
                            "cost_usd": [low_s / 3600 * r["usd_per_h"], high_s / 3600 * r["usd_per_h"]]}
