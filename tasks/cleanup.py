@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cleanup", help="terminate every instance a run started")
     p.add_argument("--run-id", required=True, type=cli_args.identifier, help="the run whose instances to terminate")
     p.add_argument("--provider", choices=["aws", "local"], default=None,
-                   help="default: local if a local run has this id (any folder), else aws")
+                   help="default: local if a local run has this id (any folder) or --artifacts is given, else aws")
     p.add_argument("--region", type=cli_args.region, default=None,
                    help="AWS region (default: the config's, else us-east-1)")
     p.add_argument("--config", type=Path, default=None, help="AWS provider config (JSON, fields of AwsConfig)")
@@ -86,7 +86,15 @@ def _run(args: argparse.Namespace) -> int:
     from tasks.cli import print_json
     from tasks.errors import UserInputError
 
-    provider_name = args.provider or ("local" if run_registry.artifacts_dir_of(args.run_id) else "aws")
+    local_hint = args.artifacts is not None or run_registry.artifacts_dir_of(args.run_id)
+    provider_name = args.provider or ("local" if local_hint else "aws")
+    for_other = ([flag for flag, given in (("--region", args.region), ("--config", args.config),
+                                           ("--endpoint-url", args.endpoint_url), ("--wait", args.wait)) if given]
+                 if provider_name == "local" else ["--artifacts"] if args.artifacts is not None else [])
+    if for_other:  # it would be ignored: the user meant the other provider, or a typo
+        other = "aws" if provider_name == "local" else "local"
+        raise UserInputError(f"{for_other[0]} is for the {other} provider, but run {args.run_id} is cleaned up "
+                             f"on {provider_name}{'' if args.provider else ' (a local run has this id; --provider aws for AWS)'}")
     aws_config = _aws_config(args) if provider_name == "aws" else None
     artifacts = _local_artifacts(args.run_id, args.artifacts) if provider_name == "local" else Path("artifacts")
     if artifacts is not None:

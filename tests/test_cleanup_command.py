@@ -101,3 +101,18 @@ def test_a_hand_edited_table_of_another_run_does_not_stop_this_runs_cleanup(tmp_
         assert err.count("\n") == 1 and "is not one spotfill wrote" in err and run_id in err
     assert _cleanup_terminated(tmp_path, capsys) == 1
     assert LocalProvider(artifacts_dir=tmp_path).describe("crashed-run") == []
+
+
+def test_an_option_of_the_other_provider_is_refused_and_artifacts_mean_local(tmp_path, capsys):
+    """Ignored, `--region` on a local clean-up or `--artifacts` on AWS would hide what the user meant;
+    `--artifacts DIR` alone looks for the run there, not on AWS."""
+    for argv, fragment in ((["--provider", "local", "--region", "us-east-1"], "--region is for the aws provider"),
+                           (["--provider", "local", "--wait"], "--wait is for the aws provider"),
+                           (["--provider", "aws", "--artifacts", str(tmp_path)], "--artifacts is for the local provider"),
+                           (["--artifacts", str(tmp_path), "--endpoint-url", "http://127.0.0.1:1"],
+                            "--endpoint-url is for the aws provider, but run nope is cleaned up on local")):
+        assert main(["cleanup", "--run-id", "nope", "--missing-ok", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and fragment in err, err
+    assert main(["cleanup", "--run-id", "nope", "--artifacts", str(tmp_path), "--missing-ok", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provider"] == "local"
