@@ -161,3 +161,18 @@ def test_profile_numbers_too_large_to_compute_with_are_an_error_not_an_infinite_
     if field == "param_mb":
         r = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "3000")
         assert r.returncode == 2 and "no cluster a finite time" in r.stderr
+
+
+def test_an_absurd_fastest_time_is_printed_in_three_digits_not_hundreds(tmp_path, capsys):
+    import json
+
+    from tasks.cli import main
+    from tests.conftest import SHIPPED_PROFILE
+
+    data = json.loads(SHIPPED_PROFILE.read_text())
+    data["loss"]["gamma2"] = 1e150  # a typo's magnitude: every cluster takes about 1e150 s
+    path = tmp_path / "absurd.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", str(path), "--loss", "1", "--deadline", "36000"]) == 2
+    err = capsys.readouterr().err
+    assert "no plan meets the deadline" in err and "e+" in err and len(err) < 300, err

@@ -17,6 +17,12 @@ from tasks.planner.problem import PlanRequest, PlanResult, Problem, build_proble
 __all__ = ["PlanRequest", "PlanResult", "solve", "solve_problem", "fastest_plan", "fastest_time_s"]
 
 
+def seconds(value: float) -> str:
+    """A time for a message: tenths of a second, or three digits once it is past a billion (a
+    profile's absurd numbers would otherwise print hundreds of digits)."""
+    return f"{value:.1f}" if abs(value) < 1e9 else f"{value:.3g}"
+
+
 def fastest_plan(problem: Problem) -> tuple[exact.Incumbent, exact.SearchStats]:
     """The quickest plan the quotas (and existing instances) allow, whatever it costs: no deadline."""
     return exact.search(problem, objective="time", deadline_s=np.inf)
@@ -49,14 +55,14 @@ def solve_problem(problem: Problem) -> PlanResult:
         floor = f" of at least {problem.min_workers} workers" if problem.min_workers > 1 else ""
         at = "" if level is None else f" at the upper end of its {level:.0%} interval"
         msg = (f"no plan meets the deadline{at}: the fastest plan within the quotas{floor} takes "
-               f"{fastest * problem.time_factor:.1f} s{' there' if at else ''} and {have:.1f} s are available"
+               f"{seconds(fastest * problem.time_factor)} s{' there' if at else ''} and {seconds(have)} s are available"
                + (f" (deadline minus {overhead:g} s overhead)" if overhead else ""))
         if not np.isfinite(fastest):
             msg = (f"no plan: the profile's numbers give no cluster a finite time (the fastest takes {fastest} s); "
                    "check the magnitudes of its fields")
         elif solver == "heuristic" and fastest <= have:
             msg = (f"the heuristic found no plan within its size bounds; the exact solver may "
-                   f"(the fastest plan takes {fastest:.1f} s, {have:.1f} s are available)")
+                   f"(the fastest plan takes {seconds(fastest)} s, {seconds(have)} s are available)")
         return make_result(problem, None, solver, "infeasible", elapsed, evaluated, fastest, msg)
     result = make_result(problem, best.counts, solver, status, elapsed, evaluated)
     return result if problem.request.confidence is None else with_confidence(problem, result)
