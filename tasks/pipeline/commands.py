@@ -166,15 +166,15 @@ def check_request(request) -> None:
 
 
 def check_first_plan(request) -> None:
-    """With a profile given, the run's first plan is made here as the flow's plan task makes it
-    (a target the curve cannot reach or starts below, quotas of 0, a confidence the profile has
-    no spread for, a plan over the budget cap): refused before a server or a process starts."""
+    """With a profile given, the run's first plan is made here as the flow's plan task makes it,
+    so what that task would refuse (a target the curve cannot reach or starts below, quotas of 0,
+    a confidence the profile has no spread for) is refused before a server or a process starts.
+    The session knows no prices here: the budget cap is the flow's to check."""
     from pathlib import Path
 
+    from tasks.errors import UserInputError
     from tasks.pipeline.session import TrainingSession
     from tasks.pipeline.stages import load_request_profile
-
-    from tasks.errors import UserInputError
 
     session = TrainingSession(request, load_request_profile(request), provider=None, run_id="check", run_dir=Path("."))
     if not any(session.quota.values()):
