@@ -295,3 +295,14 @@ def test_run_with_a_profile_makes_its_first_plan_before_starting_anything(argv, 
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["abc", "1_0", "nan", "-5", "0"])
+def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tmp_path, capsys, monkeypatch):
+    from tasks.cli import main
+
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", value)
+    assert main(["run", "--artifacts", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
+    assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

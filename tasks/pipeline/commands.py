@@ -201,22 +201,38 @@ def prefect_defaults() -> None:
     """Settings for a laptop with no network: a patient ephemeral server, no analytics."""
     import os
 
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault(STARTUP_TIMEOUT_ENV, "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def run(args: argparse.Namespace) -> int:
+STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+def startup_timeout_from_env() -> float:
+    """How long `run` waits for its Prefect server: the variable Prefect reads, checked here so a
+    bad value is named rather than left to a float() deep in the start-up."""
     import os
+
+    from tasks.errors import UserInputError
+
+    text = os.environ[STARTUP_TIMEOUT_ENV]
+    try:
+        return cli_args.duration_s(text)
+    except argparse.ArgumentTypeError as err:
+        raise UserInputError(f"{STARTUP_TIMEOUT_ENV}={text[:40]!r}: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.plugin_policy import allow_local_user
     from tasks.prefect_server import temporary_server
 
+    prefect_defaults()
+    startup_timeout_s = startup_timeout_from_env()  # the cheap check first
     request = build_request(args)
     check_request(request)
     allow_local_user(request.workload)
-    prefect_defaults()
-    startup_timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
         return _run_flow(request, args)
 

@@ -78,7 +78,7 @@ def predict(args: argparse.Namespace) -> int:
     model = Model.from_profile(profile, args.bandwidth_margin)
     r = {k: float(v[0]) for k, v in model.evaluate(model.counts_vector(args.cluster), args.loss).items()}
     out = {
-        "workers": int(r["workers"]), "iterations": r["iterations"],
+        "workers": sum(args.cluster.values()), "iterations": r["iterations"],  # exact, not the model's float sum
         "expected_iteration_time_s": r["iteration_time_s"], "speed": r["speed"], "wa_batch": r["wa_batch"],
         "cc": r["cc"], "predicted_time_s": r["time_s"], "predicted_cost_usd": r["cost_usd"],
     }
