@@ -203,6 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _build(args: argparse.Namespace) -> int:
     from tasks.atomic import atomic_write_json
 
+    if Path(args.out).resolve().parent == Path(args.sources).resolve():  # the sources' own folder
+        raise UserInputError(f"--out {args.out} is inside --sources {args.sources}: the catalog would mix with "
+                             "(or replace) the files it is built from")
     catalog = build_catalog(Path(args.sources))
     atomic_write_json(args.out, catalog)
     print(f"wrote {args.out}: {len(catalog['types'])} types")

@@ -72,3 +72,16 @@ def test_an_interruption_band_outside_the_advisor_ranges_builds_no_catalog(tmp_p
         advisor["spot_advisor"][region]["Linux"][name]["r"] = band
         with pytest.raises(UserInputError, match=f"{name} in {region} has interruption band"):
             build_catalog(_sources(tmp_path / str(band), "spot-advisor-data.json", json.dumps(advisor)))
+
+
+def test_catalog_build_does_not_write_into_its_own_sources(tmp_path, capsys):
+    import shutil
+
+    from tasks.cli import main
+
+    folder = tmp_path / "sources"
+    shutil.copytree(SOURCES, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["catalog", "build", "--sources", str(folder), "--out", str(folder / "ec2-gpu-instances.json")]) == 2
+    assert "is inside --sources" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
