@@ -15,6 +15,7 @@ from tasks.errors import InfeasibleError, UserInputError
 from tasks.market.replan import ReplanMemo
 from tasks.model import Model
 from tasks.planner import PlanRequest, solve
+from tasks.planner.problem import RISK_LEVEL
 from tasks.profile import Profile
 
 
@@ -41,7 +42,7 @@ class Policy:
     types: tuple[str, ...] | None = None  # None: every profile type
     on_demand: bool = False
     restart_on_preemption: bool = False
-    target_probability: float = 0.95
+    target_probability: float = RISK_LEVEL
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     memo: ReplanMemo = field(default_factory=ReplanMemo, compare=False, repr=False)
 

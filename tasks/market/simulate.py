@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tasks import cli_args
+from tasks.planner.problem import RISK_LEVEL
 
 FULL_REPLAYS = 200
 QUICK_REPLAYS = 20
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", required=True, type=cli_args.duration_s, help="seconds")
     p.add_argument("--replays", type=cli_args.positive_count, default=None, help=f"replays per policy (default {FULL_REPLAYS}, "
                                                               f"--quick {QUICK_REPLAYS})")
-    p.add_argument("--level", type=cli_args.positive_float, default=0.95,
+    p.add_argument("--level", type=cli_args.positive_float, default=RISK_LEVEL,
                    help="the risk-aware planner's target probability of meeting the deadline")
     p.add_argument("--traces", nargs="+", default=None, help="trace files (default: profiles/traces/*.csv)")
     p.add_argument("--band", type=cli_args.counts, default={},
