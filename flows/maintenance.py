@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 
-from tasks.atomic import atomic_write_json
+from tasks.core.atomic import atomic_write_json
 from tasks.pipeline import stages
 from tasks.pipeline.params import TrainRequest
 
@@ -18,7 +18,7 @@ def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
     credentials are at hand (`aws`: AwsConfig fields, e.g. endpoint_url); says which it is."""
     import boto3
 
-    from tasks.catalog import build_catalog
+    from tasks.core.catalog import build_catalog
     from tasks.providers.aws import AwsProvider, load_aws_config
     from tasks.providers.aws_catalog import merge_live
 

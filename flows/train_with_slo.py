@@ -20,7 +20,7 @@ from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.states import Completed
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest

@@ -1,5 +1,5 @@
 """What the training runtime calls: `build_worker_filler(config)` -> a started filler (a
-tasks.phases.PhaseListener with `metrics()` and `close()`), or a do-nothing one when disabled.
+tasks.core.phases.PhaseListener with `metrics()` and `close()`), or a do-nothing one when disabled.
 
 Online load: a worker has no front end of its own, so the filler generates a seeded Poisson
 arrival stream at `online_rate_per_s` (0 = none); offline work scores the model's dataset.
@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tasks.errors import UserInputError
-from tasks.phases import NoListener
-from tasks.profile import format_validation_error
+from tasks.core.errors import UserInputError
+from tasks.core.phases import NoListener
+from tasks.core.profile import format_validation_error
 
 Policy = Literal["gated", "naive", "naive_split", "rate_limited"]
 
@@ -234,7 +234,7 @@ class ReportingFiller:
         return self.filler.metrics()
 
     def write(self) -> None:
-        from tasks.atomic import atomic_write_json
+        from tasks.core.atomic import atomic_write_json
 
         self._last_s = self._clock()
         atomic_write_json(self.path, self.filler.metrics())

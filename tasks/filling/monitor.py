@@ -40,7 +40,7 @@ class SlotEstimate:
 
 
 class BubbleMonitor:
-    """A tasks.phases.PhaseListener that knows whether a bubble is open and how long it will last.
+    """A tasks.core.phases.PhaseListener that knows whether a bubble is open and how long it will last.
 
     Listener calls only take a lock briefly and notify waiters: training never waits on filling.
     """

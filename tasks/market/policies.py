@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import InfeasibleError, UserInputError
+from tasks.core.errors import InfeasibleError, UserInputError
 from tasks.market.replan import ReplanMemo
-from tasks.model import Model
+from tasks.core.model import Model
 from tasks.planner import PlanRequest, solve
 from tasks.planner.problem import RISK_LEVEL
-from tasks.profile import Profile
+from tasks.core.profile import Profile
 
 
 @dataclass(frozen=True)

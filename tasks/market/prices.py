@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.catalog import SOURCES
+from tasks.core.catalog import SOURCES
 
 PRICE_HISTORY = SOURCES / "spot-prices-gpu-2022-05-31.tsv"
 # The archive names zones by AZ id (use1-az2); these prefixes are the region's.

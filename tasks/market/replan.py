@@ -22,7 +22,7 @@ import bisect
 import dataclasses
 from dataclasses import dataclass, field
 
-from tasks.errors import InfeasibleError
+from tasks.core.errors import InfeasibleError
 from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
 from tasks.planner.problem import COST_TIE_REL, make_result
 

@@ -23,11 +23,11 @@ import numpy as np
 # instance-day), and each one re-plans: bad traces would keep a replay going for hours.
 MAX_REVOCATIONS = 10_000
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.market.hazards import TypeHazard
 from tasks.market.policies import Policy, Situation
-from tasks.model import Model
-from tasks.profile import Profile
+from tasks.core.model import Model
+from tasks.core.profile import Profile
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import InfeasibleError, UserInputError
+from tasks.core.errors import InfeasibleError, UserInputError
 from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.policies import Policy, standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
 from tasks.market.replay import ClusterClock, Market, Outcome, ReplayConfig, initial_situation, replay
-from tasks.market.traces import Trace
-from tasks.model import Model
+from tasks.core.traces import Trace
+from tasks.core.model import Model
 from tasks.planner import PlanRequest, solve
-from tasks.profile import Profile
-from tasks.progress import ProgressBar
+from tasks.core.profile import Profile
+from tasks.core.progress import ProgressBar
 
 
 @dataclass(frozen=True)

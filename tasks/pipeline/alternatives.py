@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.planner import PlanRequest, solve_problem
 from tasks.planner.problem import build_problem
 

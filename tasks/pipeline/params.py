@@ -7,21 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from tasks import cli_args
+from tasks.core import limits
+from tasks.core.limits import MAX_DURATION_S
 from tasks.planner.problem import RISK_LEVEL
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-TEN_YEARS_S = 10 * 365 * 86400.0  # every duration's bound, as on the CLI: larger is a typo
-
-
-def _as_value_error(check, text: str):
-    """A CLI argument check used on a request field: its complaint as pydantic's ValueError."""
-    import argparse
-
-    try:
-        return check(text)
-    except argparse.ArgumentTypeError as err:
-        raise ValueError(str(err)) from None
 
 
 class SLO(BaseModel):
@@ -29,7 +19,7 @@ class SLO(BaseModel):
 
     model_config = _STRICT
     target_loss: float = Field(gt=0, strict=True, description="training loss to reach (smoothed over updates)")
-    deadline_s: float = Field(gt=0, le=TEN_YEARS_S, description="seconds from the launch of training")
+    deadline_s: float = Field(gt=0, le=MAX_DURATION_S, description="seconds from the launch of training")
 
 
 class Candidates(BaseModel):
@@ -47,8 +37,8 @@ class Candidates(BaseModel):
         unknown = sorted(set(self.quotas) - set(self.types))
         if unknown:
             raise ValueError(f"quota given for a type that is not a candidate: {', '.join(unknown)}")
-        if any(not 0 <= q <= cli_args.max_count() for q in self.quotas.values()):
-            raise ValueError(f"quotas must be 0..{cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
+        if any(not 0 <= q <= limits.max_count() for q in self.quotas.values()):
+            raise ValueError(f"quotas must be 0..{limits.max_count()} (SPOTFILL_MAX_COUNT)")
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
         most = sum(self.quota(t) for t in self.types)
@@ -69,11 +59,11 @@ class Revocations(BaseModel):
                                    "(a trace of one family revokes that family); default: every worker")
     time_scale: float = Field(600.0, gt=0, le=1e6, description="trace seconds per real second")
     inject_at_s: list[float] = Field(default_factory=list, description="revoke one worker at these run times")
-    notice_s: float = Field(2.0, ge=0, le=TEN_YEARS_S, description="notice before the instance is taken")
+    notice_s: float = Field(2.0, ge=0, le=MAX_DURATION_S, description="notice before the instance is taken")
 
     @model_validator(mode="after")
     def _times_are_durations(self) -> "Revocations":
-        if any(not 0 <= t <= TEN_YEARS_S for t in self.inject_at_s):
+        if any(not 0 <= t <= MAX_DURATION_S for t in self.inject_at_s):
             raise ValueError("inject_at_s: each time must be 0 s to ten years after launch")
         return self
 
@@ -91,12 +81,12 @@ class ProviderSettings(BaseModel):
     @classmethod
     def _region_in_the_catalog(cls, region: str) -> str:
         """An unknown region would price nothing: the plan would find no offer to buy."""
-        return _as_value_error(cli_args.region, region)
+        return limits.region(region)
 
     @model_validator(mode="after")
     def _capacity_is_counts(self) -> "ProviderSettings":
-        if any(not 0 <= n <= cli_args.max_count() for n in self.capacity.values()):
-            raise ValueError(f"market capacity must be 0..{cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
+        if any(not 0 <= n <= limits.max_count() for n in self.capacity.values()):
+            raise ValueError(f"market capacity must be 0..{limits.max_count()} (SPOTFILL_MAX_COUNT)")
         return self
 
 
@@ -116,8 +106,8 @@ class BudgetCaps(BaseModel):
 
     @model_validator(mode="after")
     def _within_the_count_limit(self) -> "BudgetCaps":
-        if self.max_instances > cli_args.max_count():
-            raise ValueError(f"max_instances must be at most {cli_args.max_count()} (SPOTFILL_MAX_COUNT)")
+        if self.max_instances > limits.max_count():
+            raise ValueError(f"max_instances must be at most {limits.max_count()} (SPOTFILL_MAX_COUNT)")
         return self
 
 
@@ -132,7 +122,7 @@ class TrainRequest(BaseModel):
     profile: str | None = Field(None, description="use this profile JSON instead of profiling")
     profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
     profile_budget_s: float | None = Field(
-        None, gt=0, le=TEN_YEARS_S, description="seconds the profiling clusters may train in all until they share a loss band "
+        None, gt=0, le=MAX_DURATION_S, description="seconds the profiling clusters may train in all until they share a loss band "
                                 "(default: the preset's, 300)")
     async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
         "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
@@ -142,12 +132,12 @@ class TrainRequest(BaseModel):
     risk_level: float = Field(RISK_LEVEL, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
     confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
-    overhead_s: float = Field(3.0, ge=0, le=TEN_YEARS_S, description="T_ohd: time for new instances to start and join")
+    overhead_s: float = Field(3.0, ge=0, le=MAX_DURATION_S, description="T_ohd: time for new instances to start and join")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     filling: Filling = Field(default_factory=Filling)
     budget: BudgetCaps = Field(default_factory=BudgetCaps)
     drift_threshold: float = Field(0.25, gt=0, description="relative speed shortfall that counts as drift")
-    drift_window_s: float = Field(10.0, gt=0, le=TEN_YEARS_S, description="how long drift must last before re-planning")
+    drift_window_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="how long drift must last before re-planning")
     drift_action: Literal["inline", "automation"] = Field(
         "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
     artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
@@ -157,14 +147,14 @@ class TrainRequest(BaseModel):
     def _artifacts_dir_writable(cls, folder: str) -> str:
         """The run's reports go here: a file, a device or a read-only folder in the way would fail
         the run at its end, after the training was paid for."""
-        _as_value_error(cli_args.output_dir, folder)
+        limits.output_dir(folder)
         return folder
 
     @model_validator(mode="after")
     def _workload_allowed(self, info: ValidationInfo) -> "TrainRequest":
         """Deployments run only allow-listed plug-ins; the CLI validates with context local_user."""
         if not (info.context or {}).get("local_user"):
-            from tasks.plugin_policy import check_deployment_workload
+            from tasks.pipeline.plugin_policy import check_deployment_workload
 
             check_deployment_workload(self.workload)
         return self
@@ -257,7 +247,7 @@ class TrainRequest(BaseModel):
     def _trace_exists(self) -> "TrainRequest":
         trace = self.provider.revocations.trace
         if trace:
-            from tasks.market.traces import trace_path
+            from tasks.core.traces import trace_path
 
             if not trace_path(trace).is_file():  # a name reaching outside profiles/traces/ raises there
                 raise ValueError(f"provider.revocations.trace not found: {trace} (a file, or a name under profiles/traces/)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.atomic import atomic_write_json, atomic_write_text
+from tasks.core.atomic import atomic_write_json, atomic_write_text
 from tasks.pipeline.session import TrainingSession
 
 

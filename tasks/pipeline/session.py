@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import UserInputError
-from tasks.model import Model, cluster_spread
+from tasks.core.errors import UserInputError
+from tasks.core.model import Model, cluster_spread
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
-from tasks.profile import Profile
+from tasks.core.profile import Profile
 from tasks.providers.base import Instance, LaunchResult, Provider, ProviderEvent
 from tasks.providers.plan_step import launch_step, takeover_counts, worker_counts
 
@@ -116,7 +116,7 @@ class TrainingSession:
             return {}
         if self._hazards is None:
             from tasks.market.hazards import catalog_bands, type_hazards
-            from tasks.market.traces import load_traces
+            from tasks.core.traces import load_traces
 
             table, _ = type_hazards(self.profile, load_traces(), catalog_bands(self.request.provider.region))
             self._hazards = {t: h.hazard_per_h for t, h in table.items()}

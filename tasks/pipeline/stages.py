@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import Observation, TimelineEntry, TrainingSession
-from tasks.profile import Profile, load_profile, profile_from_dict
+from tasks.core.profile import Profile, load_profile, profile_from_dict
 from tasks.providers.base import Provider, ProviderEvent
 
 REPLAN_REQUEST = "replan-request.json"
@@ -174,7 +174,7 @@ def start_revocation_replay(session: TrainingSession) -> None:
     if session.request.provider.name != "local":
         return
     if rev.trace:
-        from tasks.market.traces import trace_path
+        from tasks.core.traces import trace_path
 
         provider.replay_trace(session.run_id, trace_path(rev.trace), rev.time_scale, rev.notice_s,
                               instance_type=rev.trace_type)
@@ -203,7 +203,7 @@ def record_drift(session: TrainingSession, action) -> None:
 
 def record_progress(session: TrainingSession, obs: Observation) -> None:
     """Where the run stands, on disk, so that a run stopped from outside can still be accounted for."""
-    from tasks.atomic import atomic_write_json
+    from tasks.core.atomic import atomic_write_json
 
     atomic_write_json(session.run_dir / PROGRESS, {
         "t_s": obs.t_s, "loss": obs.loss, "spent_usd": obs.spent_usd, "ps_spent_usd": obs.ps_spent_usd,
@@ -214,8 +214,8 @@ def record_progress(session: TrainingSession, obs: Observation) -> None:
 def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict:
     """A run cancelled or crashed: terminate what it started (the stateless cleanup) and write
     its report from the last progress on disk: how long it ran and what it spent."""
-    from tasks.atomic import atomic_write_json, atomic_write_text
-    from tasks.cleanup import cleanup_run
+    from tasks.core.atomic import atomic_write_json, atomic_write_text
+    from tasks.providers.cleanup import cleanup_run
     from tasks.pipeline.report import stopped_report_markdown
 
     artifacts = Path(request.artifacts_dir)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tasks.errors import InfeasibleError
+from tasks.core.errors import InfeasibleError
 from tasks.planner import exact
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import PlanRequest, PlanResult, Problem, build_problem, make_result, require_training
@@ -38,7 +38,7 @@ def solve_problem(problem: Problem) -> PlanResult:
     started = time.perf_counter()
     solver = problem.request.solver
     if solver == "risk":
-        from tasks.market.risk import solve_risk
+        from tasks.planner.risk import solve_risk
 
         return solve_risk(problem)
     if solver == "exact":  # seeds its own incumbent (exact.py), so the heuristic's adds nothing

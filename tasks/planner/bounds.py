@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.model import cluster_spread
-from tasks.profile import Profile
+from tasks.core.model import cluster_spread
+from tasks.core.profile import Profile
 
 
 class SuffixFills:

@@ -16,8 +16,8 @@ import functools
 import statistics
 from dataclasses import dataclass
 
-from tasks.errors import UserInputError
-from tasks.profile import InstanceProfile, Profile
+from tasks.core.errors import UserInputError
+from tasks.core.profile import InstanceProfile, Profile
 
 ALL_REGIONS = "all"
 SEPARATOR = "@"
@@ -67,7 +67,7 @@ def spot_price(entry: dict, region: str) -> tuple[float, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def _shipped_catalog() -> dict:
-    from tasks.catalog import load_catalog
+    from tasks.core.catalog import load_catalog
 
     return load_catalog()
 

@@ -8,10 +8,10 @@ from typing import Literal
 
 import numpy as np
 
-from tasks.errors import UserInputError
-from tasks.intervals import time_factor
-from tasks.model import Model
-from tasks.profile import Profile
+from tasks.core.errors import UserInputError
+from tasks.core.intervals import time_factor
+from tasks.core.model import Model
+from tasks.core.profile import Profile
 
 SolverName = Literal["exact", "heuristic", "risk"]
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
@@ -32,7 +32,7 @@ class PlanRequest:
     bandwidth_margin: float = 0.0
     solver: SolverName = "exact"
     on_demand: bool = False  # price at on-demand rates (the all-on-demand baseline)
-    # solver="risk" (tasks/market/risk.py): the cheapest plan (expected cost) that meets the
+    # solver="risk" (tasks/planner/risk.py): the cheapest plan (expected cost) that meets the
     # deadline with at least this probability, given per-type revocation hazards (revocations per
     # instance-hour; types left out are never revoked) and the time a revoked instance's
     # replacement takes to join.
@@ -47,7 +47,7 @@ class PlanRequest:
     # cluster the profile's loss curve was fitted on (Profile.fitted_workers), else 1.
     min_workers: int | None = None
     # Meet the deadline at the upper end of the prediction's two-sided interval at this level
-    # (tasks/intervals.py; the profile must carry its measured error spread); None: at the centre.
+    # (tasks/core/intervals.py; the profile must carry its measured error spread); None: at the centre.
     confidence: float | None = None
 
 

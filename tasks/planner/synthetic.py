@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.profile import Profile
+from tasks.core.profile import Profile
 
 
 def extend_profile(profile: Profile, n_types: int, quota: int, seed: int = 7) -> Profile:

@@ -22,8 +22,8 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import least_squares
 
-from tasks.model import Model, cluster_spread, contended_bandwidth_mbps
-from tasks.profile import Profile, profile_from_dict
+from tasks.core.model import Model, cluster_spread, contended_bandwidth_mbps
+from tasks.core.profile import Profile, profile_from_dict
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, cluster_label
 
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at

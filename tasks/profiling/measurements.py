@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 
 _CONFIG = ConfigDict(allow_inf_nan=False)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 
 
 @dataclass(frozen=True)

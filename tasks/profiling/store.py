@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.atomic import atomic_write_json
+from tasks.core.atomic import atomic_write_json
 from tasks.profiling.fit import FittedProfile
 from tasks.profiling.measurements import ClusterMeasurement, TypeMeasurement, cluster_label
 

@@ -2,7 +2,7 @@
 
 For every configuration: the observed training time (first update to the update on which the
 PS's smoothed loss reached the target) and iterations (PS updates until then), against the
-model's prediction (tasks.model.Model) and against a contention-blind baseline, the same model
+model's prediction (tasks.core.model.Model) and against a contention-blind baseline, the same model
 with an unlimited PS (every worker at its ideal speed, cluster speed = the sum of the ideal
 speeds, as CM-DARE predicts it).
 
@@ -37,10 +37,10 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel
 
-from tasks.errors import UserInputError
-from tasks.intervals import DEFAULT_LEVEL, time_interval_s
-from tasks.model import Model
-from tasks.profile import Contention, LossCurve, Profile
+from tasks.core.errors import UserInputError
+from tasks.core.intervals import DEFAULT_LEVEL, time_interval_s
+from tasks.core.model import Model
+from tasks.core.profile import Contention, LossCurve, Profile
 from tasks.profiling.measurements import ProfilingError, cluster_label
 from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
@@ -367,7 +367,7 @@ def plot_validation(report: ValidationReport, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tasks.atomic import atomic_write_bytes
+    from tasks.core.atomic import atomic_write_bytes
 
     configs = report.configs
     observed = np.array([r.observed_time_s for r in configs])

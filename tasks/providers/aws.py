@@ -34,7 +34,7 @@ from botocore.exceptions import (
 )
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.providers import aws_catalog
 from tasks.providers.aws_catalog import Catalog, TypeFacts
 from tasks.providers.imds_watcher import TAG_NOTICE, TAG_REBALANCE
@@ -123,7 +123,7 @@ def load_aws_config(data: dict[str, Any]) -> AwsConfig:
     """AwsConfig from a dict; a bad field is one UserInputError line naming it."""
     from pydantic import ValidationError
 
-    from tasks.profile import format_validation_error
+    from tasks.core.profile import format_validation_error
 
     try:
         return AwsConfig.model_validate(data)

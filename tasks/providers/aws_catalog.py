@@ -5,7 +5,7 @@ DescribeSpotPriceHistory (prices per type and availability zone), and Service Qu
 per instance family). Two things the EC2 API does not give come from files shipped under
 profiles/: on-demand prices (ec2instances.info snapshot) and interruption bands (the Spot Instance
 Advisor feed, same format as AWS publishes it, so a fresh download can replace it).
-Both default to the project's copies: profiles/instance-catalog.json (tasks.catalog) and
+Both default to the project's copies: profiles/instance-catalog.json (tasks.core.catalog) and
 profiles/sources/spot-advisor-data.json.
 
 A spot price archive (the TSV of DescribeSpotPriceHistory rows keyed by AZ id, as in the public
@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from tasks.catalog import CATALOG, SOURCES, load_catalog
+from tasks.core.catalog import CATALOG, SOURCES, load_catalog
 from tasks.providers.base import InstanceType
 
 LINUX_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -305,7 +305,7 @@ def fetch_vcpu_quotas(service_quotas: Any, market: str) -> dict[str, float]:
 
 
 def merge_live(shipped: dict, live: Catalog) -> dict:
-    """The shipped instance catalog (tasks/catalog.py's format) with a live refresh of one region
+    """The shipped instance catalog (tasks/core/catalog.py's format) with a live refresh of one region
     laid over it: hardware from DescribeInstanceTypes, and each GPU type's spot prices in the
     region from DescribeSpotPriceHistory (current, and the window's min/mean/max over its zones).
     On-demand prices: EC2 does not publish them; the shipped ones stay. Types the API knows and

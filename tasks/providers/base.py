@@ -11,13 +11,17 @@ When the cloud says no, one taxonomy, whichever provider:
   because a shortfall is an input to the planner (lower that type's quota, re-plan with what runs);
 - the run's own guard (max instances, max spend per hour, configured or vCPU quotas read before
   the call) refuses a whole step before anything starts: `QuotaError`, raised;
-- bad input: `tasks.errors.UserInputError`; anything else is a failure and the step is rolled back.
+- bad input: `tasks.core.errors.UserInputError`; anything else is a failure and the step is rolled back.
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
+
+from tasks.core.catalog import CATALOG, load_catalog
+from tasks.core.errors import UserInputError
 
 Role = Literal["ps", "worker"]
 Market = Literal["spot", "on-demand"]
@@ -144,3 +148,20 @@ class Provider(abc.ABC):
         if alive:
             self.terminate(alive)
         return len(alive)
+
+
+def catalog_instance_types(region: str = "us-east-1", path: Path = CATALOG):
+    """The catalog's types priced in one region, as provider InstanceType records (types with no
+    GPU, no price or no known bandwidth in that region are left out)."""
+    catalog = load_catalog(path)
+    out = []
+    for t in catalog["types"]:
+        r = t["regions"].get(region)
+        if not r or not t["gpus"] or not r["on_demand_usd_per_h"] or not t["network_mbps"]:
+            continue
+        spot = r["spot_avg_usd_per_h"] or r["on_demand_usd_per_h"]
+        out.append(InstanceType(t["type"], t["gpus"], t["gpu_model"] or "", float(t["gpu_memory_gb"] or 0),
+                                t["network_mbps"], r["on_demand_usd_per_h"], spot, r["interruption_band"]))
+    if not out:
+        raise UserInputError(f"no priced GPU type in region {region!r} in the catalog")
+    return out

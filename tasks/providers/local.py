@@ -17,11 +17,11 @@ SPOTFILL_WATCH_PID is gone and stop by themselves.
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
 process group) if it has not left by then (`revoked` event). `replay_trace` does the same from a
-real trace (tasks.market.traces), time-scaled: at every drop of the trace's live count, the
+real trace (tasks.core.traces), time-scaled: at every drop of the trace's live count, the
 same fraction of the run's running spot workers get a notice.
 
 Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
-speeds) with GPU and network facts from the instance catalog (tasks/catalog.py). Relative speed is a
+speeds) with GPU and network facts from the instance catalog (tasks/core/catalog.py). Relative speed is a
 type's samples per second (gpus * batch_per_gpu / compute_time_s) over the fastest type's.
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks import run_registry
-from tasks.errors import UserInputError
-from tasks.inputs import read_json
+from tasks.providers import run_registry
+from tasks.core.errors import UserInputError
+from tasks.core.inputs import read_json
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
@@ -51,7 +51,7 @@ TABLE = "instances.json"
 
 def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceType], dict[str, float]]:
     """The shipped profile's instance types and their relative speeds."""
-    from tasks.catalog import load_catalog
+    from tasks.core.catalog import load_catalog
 
     profile = json.loads(profile_path.read_text())
     facts = {t["type"]: t for t in load_catalog()["types"]}
@@ -360,7 +360,7 @@ class LocalProvider(Provider):
         took a fraction f of the trace's instances gives f of the run's running spot workers a
         notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
         4-worker run in proportion."""
-        from tasks.market.traces import load_trace
+        from tasks.core.traces import load_trace
 
         trace = load_trace(trace_path)
         drops = list(zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()))

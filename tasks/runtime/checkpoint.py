@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 
 MAGIC = b"SPOTFILL-CHECKPOINT-1\n"
 KEEP = 2

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime.cuts import shard_dir
 from tasks.runtime.ps import READY_FILE, STOP_FILE

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
@@ -50,6 +50,8 @@ from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
+from tasks.core import limits
+from tasks.core.command_line import OneLineParser, arg_type
 
 STOP_FILE = "STOP"
 READY_FILE = "ps.json"
@@ -441,9 +443,7 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks.cli import OneLineParser
-    from tasks.cli_args import nonnegative_float, positive_float, positive_int
-
+    nonnegative_float, positive_float, positive_int = arg_type(limits.nonnegative_float), arg_type(limits.positive_float), arg_type(limits.positive_int)
     p = OneLineParser(prog="python -m tasks.runtime.ps", description="spotfill parameter server")
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--port", type=int, required=True)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.errors import UserInputError
-from tasks.phases import NoListener, PhaseListener
+from tasks.core.errors import UserInputError
+from tasks.core.phases import NoListener, PhaseListener
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import PIECE_MB, piece_numel_for
@@ -43,6 +43,8 @@ from tasks.runtime.pull import Puller
 from tasks.runtime.push import Pusher
 from tasks.runtime.wire import LinkLost
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
+from tasks.core import limits
+from tasks.core.command_line import OneLineParser, arg_type
 
 
 @dataclass
@@ -364,9 +366,7 @@ def device_arg(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks.cli import OneLineParser
-    from tasks.cli_args import positive_float, positive_int
-
+    positive_float, positive_int = arg_type(limits.positive_float), arg_type(limits.positive_int)
     p = OneLineParser(prog="python -m tasks.runtime.worker", description="spotfill training worker")
     p.add_argument("--ps", required=True, help="HOST:PORT of the parameter server (HOST:PORT,... for its shards)")
     p.add_argument("--workload", required=True)

@@ -22,6 +22,7 @@ import io
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -29,7 +30,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from tasks.errors import UserInputError
+from tasks.core.errors import UserInputError, one_line
+from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 
 OPTIMIZERS = ("sgd", "adam")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -327,13 +329,51 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
 
 
 def check_workload(spec: str, options: dict | None = None, batch_size: int = 2) -> Workload:
-    """Build the workload and train it one step on a copy of the model, in this process, before
-    any parameter server or worker starts: a batch source that yields no (inputs, targets) pair,
-    a loss that is not a finite scalar, or a loss that does not reach the parameters is one
+    """Refuse a bad workload in one line before any parameter server or worker starts. First it
+    is built on torch's meta device (no memory), so that a bad name, a bad or non-finite option,
+    or a model past SPOTFILL_MAX_PARAMS fails at once; then it is built for real and trained one
+    step on a copy of the model, in this process: a batch source that yields no (inputs, targets)
+    pair, a loss that is not a finite scalar, or a loss that does not reach the parameters is one
     UserInputError naming the cause."""
+    options = options or {}
+    _check_size(spec, options)
     workload = build_workload(spec, options)
     with plugin_code(spec, "training one step"):
         return _one_step(spec, workload, batch_size)
+
+
+def _check_size(spec: str, options: dict) -> None:
+    """Options in range, and the model's parameter count within SPOTFILL_MAX_PARAMS, from a build
+    on the meta device."""
+    for key, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(f"workload option {key}={value} is not a finite number")
+        if isinstance(value, int) and abs(value) >= 2**31:
+            raise UserInputError(f"workload option {key}={value} is out of range")
+    try:
+        try:
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's notes on zero-element tensors: reported below
+                built = build_workload(spec, options)
+        except Exception as err:  # noqa: BLE001
+            if "meta" not in str(err):
+                raise
+            # a builder that reads a tensor's values (data.mean().item()) cannot run on the meta
+            # device: build it for real, as the one-step check does anyway
+            built = build_workload(spec, options)
+        sizes = [p.numel() for p in built.model.parameters()]
+    except UserInputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a builder's own check (negative width, ...)
+        raise UserInputError(f"workload {spec!r} cannot be built with options {options}: {one_line(err)}") from None
+    if not sizes or 0 in sizes:
+        raise UserInputError(f"workload {spec!r} with options {options} builds a layer with no parameters "
+                             "(a size option of 0?)")
+    n_params = sum(sizes)
+    limit = env_limit("SPOTFILL_MAX_PARAMS", DEFAULT_MAX_PARAMS)
+    if n_params > limit:
+        raise UserInputError(f"workload {spec!r} with options {options} has {n_params} parameters, above the "
+                             f"limit of {limit} (set SPOTFILL_MAX_PARAMS to raise it)")
 
 
 def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:

@@ -1,5 +1,5 @@
 """Plug-ins that go wrong the ways a user's can: each must be refused with one line before anything
-starts (tests/test_plugins.py)."""
+starts (tests/runtime/test_plugins.py)."""
 import torch
 from torch import nn
 import torch.nn.functional as F

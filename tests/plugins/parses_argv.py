@@ -1,5 +1,5 @@
 """A training script turned plug-in that still parses the command line when imported: argparse
-prints its usage and exits (tests/test_plugins.py)."""
+prints its usage and exits (tests/runtime/test_plugins.py)."""
 import argparse
 
 parser = argparse.ArgumentParser(prog="train.py")

@@ -1,0 +1,428 @@
+"""`spotfill bench filling`: training alone, inference alone, naive co-location, rate-limited
+(TGS-like) co-location and the gated filler, measured in one run on this machine.
+
+The machine is shared, so its background load drifts; to let every mode see the same load, the
+modes run interleaved in short blocks inside one process. All fillers are built, calibrated and
+started once, then paused; a round gives each mode one block of `block_steps` training steps
+(order rotated per round) with only that mode's filler resumed. The first step of each block is
+discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
+which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported.
+
+Sizes (TRAINING, INFERENCE): on the CPU a small CNN trains (batch 16) and a small CNN serves; on a
+CUDA machine both run on the GPU at realistic sizes: resnet110-cifar100 at batch 128 trains on a
+highest-priority stream (tens of ms per step), a ResNet-50-shaped CNN at 224x224 serves (online
+SLO 50 ms) on lowest-priority streams; `training_batch` (--training-batch) overrides the batch.
+The bubble is the push + pull time of a named instance type of a profile for the training job's
+own parameters S, as the performance model has it (Eq. 6, 7 with one worker):
+2 * S / Breq + 2 * g * S / Bpcie, times `bubble_scale`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tasks.core.errors import UserInputError, error_line
+from tasks.filling.attach import FillConfig, assemble, check_memory_fits
+from tasks.filling.monitor import BubbleMonitor
+from tasks.bench.trainloop import TrainingJob
+
+MODES = ("naive", "naive_split", "rate_limited", "gated")
+ARTIFACT = Path("artifacts") / "filling_bench.png"
+DEFAULT_ONLINE_RATE = 20.0  # online requests per second (--online-rate)
+MAX_ONLINE_RATE = 1000.0  # arrivals are generated one by one in Python; the queue holds 64
+MAX_BUBBLE_SCALE = 1000.0  # a bubble 1000x the profile's is a typo (and far past any deadline arithmetic)
+MAX_TRAINING_BATCH = 4096  # BATCHES_KEPT batches of it are made up front
+COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
+            "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
+
+
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "resnet110-cifar100.json"
+INSTANCE_TYPE = "p3.2xlarge"
+# device -> the training job: (runtime workload, its options, batch); workload None is the bench's
+# small CNN. The CPU bench emulates the GPU step's shape: on a datacenter GPU at realistic sizes the
+# compute phase is shorter than the bubble (resnet110 batch 128: ~28 ms of compute, ~99 ms of push +
+# pull on p3.2xlarge), and shorter than the online SLO. At batch 16 the small CNN's compute phase
+# on a 2-core machine is a fraction of its 24.5 ms p3.2xlarge bubble; batch 64
+# (`--training-batch 64`) makes it about three times longer, so more requests arrive with the
+# bubble far off and must run during compute, costing training its time.
+TRAINING = {"cpu": (None, {}, 16), "cuda": ("resnet110-cifar100", {}, 128)}
+# device -> the inference side's FillConfig fields (besides the rate)
+INFERENCE = {
+    # A request served during training's compute costs training about 1.5-2x its own run time
+    # (it preempts one of training's two threads; the other waits at the next barrier). It waits
+    # for the next bubble only when that opens within 4 ms of its arrival (about two requests'
+    # run time); otherwise the online reserve serves it at once, and the reserve (2% of wall time,
+    # refilled at the guard's budget) bounds what training pays. A bound as long as the compute
+    # phase keeps training whole but puts the p95 at the compute phase, on a fast machine no
+    # better than naive co-location's (docs/filling.md, "Online latency on a CPU").
+    # One intra-op thread per lane, as FillConfig's default: a lane with two would start a second
+    # OpenMP team in the process, and once teams' threads outnumber the cores libgomp cuts every
+    # team's spin-wait, training's too (its compute phase ran 1.2-1.3x slower with such a filler
+    # at work, 2-2.6x with it paused; docs/filling.md, Executor).
+    "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 1,
+            "online_max_wait_s": 0.004},
+    # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
+    # during it waits for the bubble unless its wait would pass 25 ms in all (half the SLO); the online
+    # reserve (what runs next to training's kernels and slows them) is halved, so that spill
+    # stays within 2% of training's time.
+    "cuda": {"model": "resnet50", "slo_s": 0.05, "max_batch": 64, "dataset_size": 256, "margin_s": 0.001,
+             "online_reserve": 0.01},
+}
+
+
+def profile_bubble_s(param_mb: float, instance_type: str = INSTANCE_TYPE, profile_path: Path = PROFILE,
+                     scale: float = 1.0) -> float:
+    """Push + pull time of one worker of `instance_type` for S = `param_mb` MB, from the profile's
+    bandwidths: 2 * S / Breq (the type's own Breq when its entry has one) + 2 * g * S / Bpcie."""
+    from tasks.core.profile import load_profile
+
+    if not 0 < scale <= MAX_BUBBLE_SCALE:
+        raise UserInputError(f"--bubble-scale must be > 0 and at most {MAX_BUBBLE_SCALE:g}, got {scale:g}")
+    profile = load_profile(profile_path)
+    instance = profile.instance(instance_type)
+    breq_mbps = getattr(instance, "required_bandwidth_mbps", None) or profile.required_bandwidth_mbps
+    return scale * (2 * param_mb / breq_mbps + 2 * instance.gpus * param_mb / profile.pcie_bandwidth_mbps)
+
+
+def training_job(device: str, batch: int | None = None):
+    """The bench's training job on `device`, at its default batch unless `batch` is given."""
+    workload, options, default_batch = TRAINING[device]
+    batch = batch or default_batch
+    if workload is None:
+        return TrainingJob(batch=batch, device=device)
+    return TrainingJob.from_workload(workload, options, batch, device)
+
+
+def _settings(quick: bool) -> dict:
+    # Short blocks, many rounds: the background load drifts within seconds, and a median over
+    # many short paired rounds resists a load spike better than a few long ones. After `rounds`,
+    # rounds go on (up to `max_rounds`, and only while `max_s` has not passed) until the gated
+    # and naive modes have each served `min_online_served` requests: at a low online rate a p95
+    # over a dozen requests would be little more than the largest one.
+    return {"rounds": 12 if quick else 40, "max_rounds": 40 if quick else 120, "min_rounds": 3,
+            "min_online_served": 100 if quick else 400, "block_steps": 6,
+            "warmup_steps": 8, "max_s": 75.0 if quick else 480.0}
+
+
+def _another_round(r: int, elapsed_s: float, served: int, s: dict) -> bool:
+    """Whether round `r` (0-based) starts, given the seconds since the start and the fewest
+    requests the compared modes have served so far."""
+    if r >= s["max_rounds"] or (r >= s["min_rounds"] and elapsed_s > s["max_s"]):
+        return False
+    return r < s["rounds"] or served < s["min_online_served"]
+
+
+def check_options(online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
+                  bubble_scale: float = 1.0, training_batch: int | None = None) -> None:
+    """Refuse bad options (one line, UserInputError) before any slow work."""
+    if training_batch is not None and not 0 < training_batch <= MAX_TRAINING_BATCH:
+        raise UserInputError(f"--training-batch must be > 0 and at most {MAX_TRAINING_BATCH}, "
+                             f"got {training_batch}")
+    for rate in online_rates or []:
+        if not 0 < rate <= MAX_ONLINE_RATE:
+            raise UserInputError(f"--online-rate must be > 0 and at most {MAX_ONLINE_RATE:g} "
+                                 f"requests/s, got {rate:g}")
+    profile_bubble_s(1.0, instance_type, scale=bubble_scale)  # an unknown type or a bad scale
+
+
+def bench_config(device: str = "cpu", online_rate_per_s: float = DEFAULT_ONLINE_RATE) -> FillConfig:
+    return FillConfig(device=device, online_rate_per_s=online_rate_per_s, max_in_flight=1,
+                      margin=0.25, tolerance=0.05, queue_capacity=64, calibration_steps=3,
+                      rebaseline_every=30, **INFERENCE[device])
+
+
+def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:
+    """One block of training steps with `filler` resumed (None: training alone)."""
+    listener = listener or filler
+    before = filler.metrics() if filler else None
+    if filler:
+        filler.resume()
+    t0 = time.perf_counter()
+    times = job.run(steps, listener, first_step)
+    t1 = time.perf_counter()
+    out = {"step_times_s": times[1:], "wall_s": t1 - t0}
+    if filler:
+        filler.pause()
+        after = filler.metrics()
+        out.update({k: after[k] - before[k] for k in COUNTERS})
+        served = [(lat, wait) for end, lat, wait in filler.scheduler.latencies if t0 <= end <= t1]
+        out["latencies_s"] = [lat for lat, _wait in served]
+        out["waits_s"] = [wait for _lat, wait in served]
+    return out
+
+
+def _solo_block(filler, duration_s: float) -> dict:
+    """Inference alone for `duration_s`: its offline rate and online latency, same config."""
+    before = filler.metrics()
+    filler.resume()
+    t0 = time.perf_counter()
+    time.sleep(duration_s)
+    filler.pause()
+    t1 = time.perf_counter()
+    after = filler.metrics()
+    return {"offline_samples": after["offline_samples"] - before["offline_samples"],
+            "wall_s": t1 - t0,
+            "latencies_s": [lat for end, lat, _wait in filler.scheduler.latencies if t0 <= end <= t1]}
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"online_p50_s": None, "online_p95_s": None, "online_p99_s": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"online_p50_s": float(p50), "online_p95_s": float(p95), "online_p99_s": float(p99)}
+
+
+def _round_ratios(alone: dict, run: dict) -> dict:
+    a, r = np.array(alone["step_times_s"]), np.array(run["step_times_s"])
+    return {"training_retained": float(a.mean() / r.mean()),
+            "step_slowdown_p50": float(np.percentile(r, 50) / np.percentile(a, 50) - 1),
+            "step_slowdown_p99": float(np.percentile(r, 99) / np.percentile(a, 99) - 1)}
+
+
+def _pooled(blocks: list[dict]) -> dict:
+    total = {k: sum(b[k] for b in blocks) for k in (*COUNTERS, "wall_s")}
+    busy_s = total["busy_s"]
+    return {
+        "fill_efficiency": total["busy_in_bubble_s"] / total["bubble_s"] if total["bubble_s"] else 0.0,
+        "spill_s": total["spill_s"],
+        "spill_fraction": total["spill_s"] / busy_s if busy_s else 0.0,
+        # Inference running while training computes, as a share of training's wall time: the
+        # only window in which it can slow training, and unlike step times, not load noise.
+        "spill_share_of_training_time": total["spill_s"] / total["wall_s"],
+        "offline_samples_per_s": total["offline_samples"] / total["wall_s"],
+        "online_offered": total["online_offered"],
+        "online_served": total["online_served"],
+        "online_shed": total["online_shed_overflow"] + total["online_shed_expired"],
+        **_percentiles([lat for b in blocks for lat in b["latencies_s"]]),
+        # the part of the p95 spent queued (for a bubble, or behind another chunk), not running
+        "online_wait_p95_s": _percentiles([w for b in blocks for w in b["waits_s"]])["online_p95_s"],
+    }
+
+
+def run_bench(quick: bool, online_rates: list[float] | None = None, instance_type: str = INSTANCE_TYPE,
+              bubble_scale: float = 1.0, device: str | None = None, max_s: float | None = None,
+              training_batch: int | None = None) -> dict:
+    """One bench at one online rate (the default, or the only one given); with several rates,
+    one bench per rate, one after another: {"online_rates_per_s": [...], "runs": [...]}.
+    `device`: None picks cuda when torch sees one; `max_s` overrides when rounds stop starting;
+    `training_batch` overrides the training job's batch (TRAINING)."""
+    import torch
+
+    rates = list(online_rates or [DEFAULT_ONLINE_RATE])
+    check_options(rates, instance_type, bubble_scale, training_batch)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("bench filling: device cuda asked for, but torch sees no CUDA device")
+    shape = {"instance_type": instance_type, "bubble_scale": bubble_scale, "training_batch": training_batch}
+    if len(rates) == 1:
+        return _run_one(quick, rates[0], ARTIFACT, device, shape, max_s)
+    started_s = time.perf_counter()
+    runs = [_run_one(quick, rate, ARTIFACT.with_name(f"filling_bench_rate{rate:g}.png"), device,
+                     shape, max_s) for rate in rates]
+    return {"online_rates_per_s": rates, "runs": runs,
+            "elapsed_s": time.perf_counter() - started_s}
+
+
+def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape: dict,
+             max_s: float | None) -> dict:
+    s = _settings(quick)
+    if max_s is not None:
+        s["max_s"] = max_s
+    config = bench_config(device, online_rate)
+    check_memory_fits(config, copies=len(MODES) + 1)  # every mode's filler and inference alone
+    started_s = time.perf_counter()
+    job = training_job(device, shape["training_batch"])
+    job.set_bubble(profile_bubble_s(job.param_mb, shape["instance_type"], scale=shape["bubble_scale"]))
+    probe = BubbleMonitor()
+    job.run(2 * s["warmup_steps"], probe)
+    # The fastest compute phase: the machine's background load only ever adds to it.
+    compute_s = min(list(probe.compute_times_s)[s["warmup_steps"]:])
+    step_s = compute_s + job.transfer_s()
+
+    fillers = {mode: assemble(config, mode) for mode in MODES}
+    fillers["infer_alone"] = assemble(config, "naive")
+    for filler in fillers.values():
+        filler.calibrate()
+        filler.start().pause()
+    blocks: dict[str, list[dict]] = {mode: [] for mode in ("alone", "infer_alone", *MODES)}
+    ratios: list[dict] = []
+    step = 0
+    try:
+        for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
+            _block(job, fillers[mode], s["warmup_steps"], step)
+            step += s["warmup_steps"]
+        order = ["alone", "infer_alone", *MODES]
+        r = 0
+        while _another_round(r, time.perf_counter() - started_s,
+                             min(_served(blocks["gated"]), _served(blocks["naive"])), s):
+            k = r % len(order)
+            this_round = {}
+            for mode in order[k:] + order[:k]:
+                if mode == "infer_alone":
+                    blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
+                    continue
+                this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
+                                          listener=BubbleMonitor() if mode == "alone" else None)
+                blocks[mode].append(this_round[mode])
+                step += s["block_steps"]
+            ratios.append({m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES})
+            r += 1
+    finally:
+        for filler in fillers.values():
+            filler.close()
+
+    solo_blocks = blocks["infer_alone"]
+    solo = {"offline_samples_per_s": sum(b["offline_samples"] for b in solo_blocks)
+            / sum(b["wall_s"] for b in solo_blocks),
+            **_percentiles([lat for b in solo_blocks for lat in b["latencies_s"]])}
+    modes = {}
+    for mode in MODES:
+        modes[mode] = {k: float(statistics.median(rd[mode][k] for rd in ratios))
+                       for k in ratios[0][mode]}
+        modes[mode].update(_pooled(blocks[mode]))
+        modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
+                                                / solo["offline_samples_per_s"])
+        modes[mode]["guard_shrinks"] = fillers[mode].guard.shrinks
+        # a lane that failed (CUDA out of memory, a kernel error) stops filling quietly: say why
+        modes[mode]["filler_error"] = error_line(fillers[mode].error)
+    solo["filler_error"] = error_line(fillers["infer_alone"].error)
+    gated, naive = modes["gated"], modes["naive"]
+    result = {
+        "online_rate_per_s": online_rate,
+        "training_retained": gated["training_retained"],
+        "naive_training_retained": naive["training_retained"],
+        "naive_split_training_retained": modes["naive_split"]["training_retained"],
+        "rate_limited_training_retained": modes["rate_limited"]["training_retained"],
+        "step_slowdown_p50": gated["step_slowdown_p50"],
+        "step_slowdown_p99": gated["step_slowdown_p99"],
+        "fill_efficiency": gated["fill_efficiency"],
+        "spill_fraction": gated["spill_fraction"],
+        "spill_share_of_training_time": gated["spill_share_of_training_time"],
+        "naive_spill_share_of_training_time": naive["spill_share_of_training_time"],
+        "offline_samples_per_s": gated["offline_samples_per_s"],
+        "offline_share_of_solo": gated["offline_share_of_solo"],
+        "online_p95_s": gated["online_p95_s"],
+        "online_wait_p95_s": gated["online_wait_p95_s"],
+        "naive_online_p95_s": naive["online_p95_s"],
+        "naive_split_online_p95_s": modes["naive_split"]["online_p95_s"],
+        # < 0.5 is the issue's "at least 50% lower than naive co-location"
+        "online_p95_over_naive": (gated["online_p95_s"] / naive["online_p95_s"]
+                                  if gated["online_p95_s"] and naive["online_p95_s"] else None),
+        "solo_inference": solo,
+        "modes": modes,
+        "rounds": ratios,
+        "settings": {**s, "device": device, "device_name": _device_name(device),
+                     "rounds_run": len(ratios), "compute_s": compute_s,
+                     "comm_s": job.transfer_s(), "bubble_share": job.transfer_s() / step_s,
+                     **shape, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
+                     "param_mb": job.param_mb, "training_batch": job.batch,
+                     "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
+    }
+    result["plot"] = _plot(result, artifact)
+    return result
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def _served(blocks: list[dict]) -> int:
+    return sum(len(b["latencies_s"]) for b in blocks)
+
+
+def _plot(result: dict, artifact: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    modes = result["modes"]
+    names = list(MODES)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = [("training retained", [modes[m]["training_retained"] for m in names], 1.0),
+              ("offline inference (samples/s)", [modes[m]["offline_samples_per_s"] for m in names],
+               result["solo_inference"]["offline_samples_per_s"]),
+              ("online p95 latency (s)", [modes[m]["online_p95_s"] or 0 for m in names],
+               result["solo_inference"]["online_p95_s"])]
+    for ax, (title, values, reference) in zip(axes, panels):
+        ax.bar(names, values, color=["tab:red", "tab:purple", "tab:orange", "tab:green"])
+        if reference is not None:
+            ax.axhline(reference, color="k", linestyle="--", linewidth=1, label="alone")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"spotfill bench filling, {result['online_rate_per_s']:g} online requests/s "
+                 "(medians over rounds)")
+    fig.tight_layout()
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(artifact, dpi=110)
+    plt.close(fig)
+    return str(artifact)
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(result: dict) -> str:
+    if "runs" in result:
+        return _format_sweep(result)
+    st = result["settings"]
+    lines = [f"online arrivals {result['online_rate_per_s']:g}/s (Poisson, SLO "
+             f"{st['fill_config']['slo_s']:g} s); device {st['device_name']}; training "
+             f"{st['training']} batch {st['training_batch']}: compute {st['compute_s'] * 1e3:.1f} ms + "
+             f"comm {st['comm_s'] * 1e3:.1f} ms per step (push + pull of {st['param_mb']:.2f} MB on "
+             f"{st['instance_type']} x {st['bubble_scale']:g}); inference {st['fill_config']['model']}; "
+             f"{st['rounds_run']} interleaved rounds x {st['block_steps']} steps per mode "
+             f"(first step of each block and a warm-up block discarded); {st['elapsed_s']:.0f} s",
+             f"{'mode':<13}{'retained':>9}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
+             f"{'spill':>7}{'spill/T':>8}{'offline/s':>10}{'of solo':>8}{'on p50':>8}{'on p95':>8}{'wait95':>8}"
+             f"{'served':>7}{'shed':>6}"]
+    solo = result["solo_inference"]
+    lines.append(f"{'infer alone':<13}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>7}{'-':>8}"
+                 f"{solo['offline_samples_per_s']:>10.1f}{'1.00':>8}"
+                 f"{_fmt(solo['online_p50_s'], '.3f'):>8}{_fmt(solo['online_p95_s'], '.3f'):>8}{'-':>8}"
+                 f"{'-':>7}{'-':>6}")
+    for mode in MODES:
+        m = result["modes"][mode]
+        lines.append(f"{mode:<13}{m['training_retained']:>9.3f}{m['step_slowdown_p50']:>+9.1%}"
+                     f"{m['step_slowdown_p99']:>+9.1%}{m['fill_efficiency']:>9.2f}"
+                     f"{m['spill_fraction']:>7.2f}{m['spill_share_of_training_time']:>8.3f}"
+                     f"{m['offline_samples_per_s']:>10.1f}"
+                     f"{m['offline_share_of_solo']:>8.2f}{_fmt(m['online_p50_s'], '.3f'):>8}"
+                     f"{_fmt(m['online_p95_s'], '.3f'):>8}{_fmt(m['online_wait_p95_s'], '.3f'):>8}"
+                     f"{m['online_served']:>7.0f}{m['online_shed']:>6.0f}")
+    lines.append("spill = inference busy time outside bubbles / inference busy time; spill/T = the "
+                 "same time / training wall time; wait95 = p95 of a request's time queued before its "
+                 "chunk started")
+    if result.get("plot"):
+        lines.append(f"plot: {result['plot']}")
+    return "\n".join(lines)
+
+
+def _format_sweep(result: dict) -> str:
+    """One row per online rate (gated against naive co-location), then each rate's own table."""
+    lines = [f"{'rate/s':>7}{'retained':>9}{'naive':>7}{'p50 slow':>9}{'p99 slow':>9}{'fill eff':>9}"
+             f"{'offl/solo':>10}{'p95 gated':>10}{'naive':>7}{'split':>7}{'ratio':>7}{'served':>7}"]
+    for run in result["runs"]:
+        gated = run["modes"]["gated"]
+        lines.append(f"{run['online_rate_per_s']:>7g}{run['training_retained']:>9.3f}"
+                     f"{run['naive_training_retained']:>7.3f}{run['step_slowdown_p50']:>+9.1%}"
+                     f"{run['step_slowdown_p99']:>+9.1%}{run['fill_efficiency']:>9.2f}"
+                     f"{run['offline_share_of_solo']:>10.2f}{_fmt(run['online_p95_s'], '.3f'):>10}"
+                     f"{_fmt(run['naive_online_p95_s'], '.3f'):>7}"
+                     f"{_fmt(run['naive_split_online_p95_s'], '.3f'):>7}"
+                     f"{_fmt(run['online_p95_over_naive'], '.2f'):>7}{gated['online_served']:>7.0f}")
+    lines.append("ratio = gated online p95 / naive online p95 (the target: <= 0.50); "
+                 f"{result['elapsed_s']:.0f} s in all")
+    for run in result["runs"]:
+        lines += ["", format_table(run)]
+    return "\n".join(lines)

@@ -1,0 +1,399 @@
+"""`spotfill bench runtime`: what the runtime costs and how it scales, measured on this machine.
+
+1. Overhead, case by case: one runtime worker (the real worker loop, in this process, against PS
+   processes over gloo; no shaping, no padding) against a plain single-process training loop
+   (forward, backward, optimizer step) of the same workload, batch, optimizer and device,
+   alternating in short rounds in the same run (a shared machine's load changes by the second).
+   Cases: the tiny one (ResNet-20 width 16), ResNet-110 and a 25M-parameter transformer LM, at
+   sizes that fit 2 CPU cores, or on CUDA at the sizes of a real GPU (GPU_CASES); the transformer
+   also with its push sent after backward and its pull landed before forward, to show what
+   overlapping them with compute buys. Per case: plain and
+   runtime samples/s (median step times) and their ratio; the worker's compute phase against the
+   plain step; push + pull, its effective GB/s (2 x the vector's bytes / push+pull time) against a
+   raw gloo round trip of the same bytes between two processes on this machine (the loopback's
+   rate); the PS's apply time per MB (telemetry).
+2. Throughput against the number of workers, 1..8 (--quick: 1, 4, 8), with k = 1 and k = 2 PS
+   shards, each an elastic run on the local provider: workers are added (none restarted); once all
+   have joined and warmed up, the cluster's accepted samples are counted over a window (10 s;
+   --quick 3 s). Workers emulate an instance whose compute takes `reference_compute_s` (the
+   measured compute is padded to it, so this 2-core machine is not the bottleneck) and each PS
+   shard's bandwidth is capped at `ps_bandwidth_mbps` by its token bucket, so throughput grows,
+   then bends where the PS links saturate: at k x the one-PS cap with k shards (the planner's
+   k x Bps). Plot: artifacts/bench-runtime/throughput_vs_workers.png.
+
+`run_runtime_bench(device, quick)` returns the whole result as a dict (for `spotfill bench gpu`);
+nothing here imports prefect or boto3.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.providers.local import REPO, LocalProvider
+from tasks.runtime import driver
+from tasks.runtime.pieces import PIECE_MB
+from tasks.runtime.telemetry import read_records
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    workload: str
+    options: dict
+    batch: int
+    # also run, in the same rounds, a worker that moves everything in one piece: the push after
+    # backward, the pull before forward; what overlapping them with compute buys
+    with_whole: bool = False
+
+    @property
+    def slug(self) -> str:
+        return f"{self.workload}-b{self.batch}"
+
+
+WHOLE_MB = 1e9  # a piece larger than any model: nothing overlaps compute
+WHOLE_LABEL = ", push and pull whole"
+TINY = Case("tiny: resnet20 width 16", "resnet20", {"width": 16}, 32)
+TRANSFORMER_CPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 32), batch 2", "transformer-lm",
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 32}, 2, with_whole=True)
+TRANSFORMER_GPU = Case("transformer-lm 25M (d_model 512, 8 layers, seq 128), batch 32", "transformer-lm",
+                       {"d_model": 512, "layers": 8, "heads": 8, "seq_len": 128}, 32, with_whole=True)
+CPU_CASES = (TINY, Case("resnet110, batch 16", "resnet110", {"width": 16}, 16), TRANSFORMER_CPU)
+GPU_CASES = (TINY, Case("resnet110, batch 128", "resnet110", {"width": 16}, 128), TRANSFORMER_GPU)
+SCALING_WORKLOAD, SCALING_OPTIONS, SCALING_BATCH = "resnet20", {"width": 8}, 8
+REFERENCE_COMPUTE_S = 0.6
+PS_BANDWIDTH_MBPS = 30.0
+WORKER_TYPE = "p3.2xlarge"  # relative speed 1.0 in the default catalog
+MAX_WORKERS = 8
+
+
+class _StepClock:
+    """A PhaseListener that notes when each step's compute starts and its communication ends."""
+
+    def __init__(self):
+        self.compute_start_s: dict[int, float] = {}
+        self.comm_end_s: dict[int, float] = {}
+
+    def compute_start(self, step: int) -> None:
+        self.compute_start_s[step] = time.monotonic()
+
+    def compute_end(self, step: int) -> None:
+        pass
+
+    def comm_start(self, step: int) -> None:
+        pass
+
+    def comm_end(self, step: int) -> None:
+        self.comm_end_s[step] = time.monotonic()
+
+
+def plain_loop(case: Case, device: str):
+    """Plain single-process training on `device`, one step per `next()`: the baseline. Batches
+    come the way the worker gets them (worker.device_batches)."""
+    import torch
+
+    from tasks.runtime.worker import device_batches
+    from tasks.runtime.workloads import build_workload
+
+    workload = build_workload(case.workload, case.options)
+    model = workload.model.to(device)
+    optimizer = workload.make_optimizer(model.parameters())
+    for group in optimizer.param_groups:
+        group["lr"] = workload.lr_for_batch(case.batch)
+    batches = device_batches(workload.batches(case.batch, 1), torch.device(device))
+    while True:
+        inputs, targets = next(batches)
+        loss = workload.loss_fn(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        yield loss.item()
+
+
+def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str = "cpu") -> dict:
+    """Per-step seconds of the plain loop and of the runtime worker, and the PS's telemetry. They
+    alternate: each round runs `steps` plain steps, then the real worker loop for `steps` steps
+    (and, for a case `with_whole`, then a worker moving everything in one piece, under "whole");
+    the first step of each is warm-up and not counted. A runtime step is compute + push + pull,
+    from one step's end of communication to the next."""
+    import torch
+
+    from tasks.runtime.worker import WorkerConfig, run_worker
+
+    torch.set_num_threads(1)
+    plain = plain_loop(case, device)
+    provider = LocalProvider(artifacts, bandwidth_scale=None)
+    run = driver.start_run(provider, f"overhead-{case.slug}", case.workload, workload_options=case.options,
+                           ps_type=WORKER_TYPE, checkpoint_every_s=3600.0)
+    host, port = run.ps_address.rsplit(":", 1)
+    piece_mb = {"pieces": PIECE_MB, **({"whole": WHOLE_MB} if case.with_whole else {})}
+    plain_step_s: list[float] = []
+    step_s: dict[str, list[float]] = {variant: [] for variant in piece_mb}
+    try:
+        for round_ in range(rounds):
+            ends = []
+            for _ in range(steps + 1):
+                next(plain)
+                ends.append(time.monotonic())
+            plain_step_s += [b - a for a, b in zip(ends, ends[1:])]
+            for variant, mb in piece_mb.items():
+                clock = _StepClock()
+                run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
+                                        instance_id=f"{variant}-{round_}", instance_type=WORKER_TYPE,
+                                        max_steps=steps + 1, piece_mb=mb),
+                           listener=clock)
+                step_s[variant] += [clock.comm_end_s[k] - clock.comm_end_s[k - 1] for k in range(1, steps + 1)]
+        driver.stop_run(run)
+    finally:
+        provider.cleanup(run.run_id)
+    records = read_records(run.run_dir)
+    variant_of = {r["worker"]: r["instance_id"].split("-")[0] for r in records if r["kind"] == "join"}
+    measured = {variant: {"plain_step_s": plain_step_s, "runtime_step_s": step_s[variant],
+                          "updates": [r for r in records if r["kind"] == "update" and r["comm_s"] is not None
+                                      and variant_of[r["worker"]] == variant]}
+                for variant in piece_mb}
+    return {**measured["pieces"], **({"whole": measured["whole"]} if case.with_whole else {})}
+
+
+def loopback_gbps(nbytes: int, repeats: int = 5) -> float:
+    """The machine's own rate for a transfer of `nbytes`: raw gloo round trips of one tensor between
+    this process and a child echoing it back, 2 x nbytes / median round trip, in GB/s."""
+    import datetime
+
+    import torch
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    from tasks.runtime import wire
+
+    port = driver.free_port()
+    store = wire.host_store(port, 60)
+    numel = max(1, nbytes // 4)
+    child = subprocess.Popen([sys.executable, "-c", f"from tasks.bench.runtime import echo; echo({port}, {numel}, {repeats + 1})"],
+                             cwd=REPO)
+    try:
+        group = ProcessGroupGloo(PrefixStore("loopback/", store), 0, 2, datetime.timedelta(seconds=60))
+        x = torch.ones(numel)
+        round_trips = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            group.send([x], 1, 0).wait()
+            group.recv([x], 1, 0).wait()
+            round_trips.append(time.perf_counter() - start)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    return 2 * numel * 4 / statistics.median(round_trips[1:]) / 1e9
+
+
+def echo(port: int, numel: int, repeats: int) -> None:
+    """The child of loopback_gbps: receive the tensor and send it back, `repeats` times."""
+    import datetime
+
+    import torch
+    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    group = ProcessGroupGloo(PrefixStore("loopback/", store), 1, 2, datetime.timedelta(seconds=60))
+    x = torch.empty(numel)
+    for _ in range(repeats):
+        group.recv([x], 0, 0).wait()
+        group.send([x], 0, 0).wait()
+
+
+def bus_copy_s(numel: int, device: str, repeats: int = 5) -> tuple[float, float]:
+    """One crossing of the bus for a vector of `numel` floats through pinned host memory, each way
+    alone: (to the device: the pull's copy, to the host: the push's), median seconds; zeros off
+    CUDA, where there is no bus."""
+    if device != "cuda":
+        return 0.0, 0.0
+    import torch
+
+    host = torch.empty(numel, pin_memory=True)
+    on_device = torch.empty(numel, device="cuda")
+
+    def median_s(copy) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    return (median_s(lambda: on_device.copy_(host, non_blocking=True)),
+            median_s(lambda: host.copy_(on_device, non_blocking=True)))
+
+
+def case_result(label: str, batch: int, measured: dict, vector_mb: float, loopback: float,
+                bus_s: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """One case's row: rates, their ratio, where a runtime step goes, the link against loopback,
+    and the link bound: the step this machine's links would allow if nothing overlapped (the
+    plain step, both bus copies, push + pull at the loopback's rate). The worker overlaps its push
+    with backward (push.py) and its pull with forward (pull.py), so it can beat the bound."""
+    plain_s, runtime_s, updates = measured["plain_step_s"], measured["runtime_step_s"], measured["updates"]
+    comm_s = statistics.median(r["comm_s"] for r in updates)
+    compute_s = statistics.median(r["compute_s"] for r in updates)
+    plain_step_s, runtime_step_s = statistics.median(plain_s), statistics.median(runtime_s)
+    to_device_s, to_host_s = bus_s
+    bound_s = plain_step_s + to_device_s + to_host_s + 2 * vector_mb / 1e3 / loopback
+    return {
+        "case": label,
+        "vector_mb": vector_mb,
+        "plain_samples_per_s": batch / plain_step_s,
+        "runtime_samples_per_s": batch / runtime_step_s,
+        "ratio": plain_step_s / runtime_step_s,
+        "ratio_of_totals": sum(plain_s) / sum(runtime_s),
+        "steps_each": len(plain_s),
+        "plain_step_s": plain_step_s,
+        "worker_compute_s": compute_s,
+        "compute_over_plain_step": compute_s / plain_step_s,
+        # the worker's compute phase holds what of the pull forward waited for and, on CUDA, the
+        # pull's bus copies (on a copy stream, each ahead of its piece's first reader; the push's
+        # run on a copy stream during backward and after it): without the bus copy, it is the
+        # same kernels as the plain step plus the pull's wait
+        "bus_copy_s": to_device_s + to_host_s,
+        "bus_to_device_s": to_device_s,
+        "compute_less_bus_over_plain_step": (compute_s - to_device_s) / plain_step_s,
+        "link_bound_step_s": bound_s,
+        "ratio_to_link_bound": bound_s / runtime_step_s,
+        "push_pull_s": comm_s,
+        "push_pull_gbps": 2 * vector_mb / 1e3 / comm_s,
+        "loopback_gbps": loopback,
+        "push_pull_over_loopback": 2 * vector_mb / 1e3 / comm_s / loopback,
+        "ps_apply_ms_per_mb": statistics.median(r["apply_ms_per_mb"] for r in updates),
+    }
+
+
+def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float, num_ps: int = 1) -> tuple[dict[str, float], float]:
+    """Samples/s of the cluster at each worker count (ascending; workers are added to reach the
+    next count, launched together) with `num_ps` PS shards, and the parameter megabytes moved per
+    push (and per pull)."""
+    from tasks.runtime import wire
+    from tasks.runtime.workloads import build_workload
+
+    param_mb = wire.flat_size(build_workload(SCALING_WORKLOAD, SCALING_OPTIONS).model) * 4 / 1e6
+    provider = LocalProvider(artifacts, reference_compute_s=REFERENCE_COMPUTE_S, bandwidth_scale=None)
+    run = driver.start_run(provider, f"scaling-k{num_ps}", SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
+                           ps_type=WORKER_TYPE, ps_mbps=PS_BANDWIDTH_MBPS, checkpoint_every_s=3600.0, num_ps=num_ps)
+    result: dict[str, float] = {}
+    try:
+        for n in counts:
+            driver.add_workers(run, WORKER_TYPE, n - len(run.progress().workers), SCALING_BATCH, plan_id=f"w{n}")
+            driver.wait_for(run, lambda p: len(p.workers) == n and min(w.updates for w in p.workers.values()) >= 2,
+                            timeout_s=120)
+            start_t = time.time()
+            time.sleep(window_s)
+            end_t = time.time()
+            driver.wait_for(run, lambda p: (p.last_update_t or 0) >= end_t, timeout_s=60)
+            samples = sum(r["samples"] for r in read_records(run.run_dir)
+                          if r["kind"] == "update" and start_t <= r["t"] < end_t)
+            result[str(n)] = samples / (end_t - start_t)
+        driver.stop_run(run)
+    finally:
+        provider.cleanup(run.run_id)
+    return result, param_mb
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    top = 0.0
+    for k, curve in result["throughput_by_workers"].items():
+        workers = [int(n) for n in curve]
+        measured = list(curve.values())
+        ax.plot(workers, measured, "o-", label=f"measured, k = {k} PS")
+        cap = int(k) * result["ps_cap_samples_per_s"]
+        ax.axhline(cap, linestyle="--", color="red" if k == "1" else "purple", label=f"cap of {k} PS")
+        top = max(top, max(measured), cap)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("samples / s")
+    ax.set_ylim(0, top * 1.2)
+    ax.set_title(f"{SCALING_WORKLOAD} (width {SCALING_OPTIONS['width']}), batch {SCALING_BATCH}, "
+                 f"compute {REFERENCE_COMPUTE_S:g} s, {result['ps_bandwidth_mbps']:g} Mbps a PS")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = True,
+                      max_s: float = math.inf) -> dict:
+    """The whole benchmark as a dict: the overhead cases for `device` ("cpu" or "cuda") and, with
+    `scaling`, the throughput curves with k = 1 and k = 2 PS shards. No case starts once `max_s`
+    have passed (a check with a time budget); those left out are named under "skipped"."""
+    from tasks.runtime import wire
+    from tasks.runtime.workloads import build_workload
+
+    artifacts = REPO / "artifacts" / "bench-runtime"
+    runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
+    started_s = time.monotonic()
+    cases, skipped = [], []
+    for case in GPU_CASES if device == "cuda" else CPU_CASES:
+        if time.monotonic() - started_s >= max_s:
+            skipped.append(case.label)
+            continue
+        numel = wire.flat_size(build_workload(case.workload, case.options).model)
+        vector_mb = numel * 4 / 1e6
+        rounds = (8 if quick else 20) if case is TINY else (5 if case.with_whole else 3)  # the two variants' gap is small against the noise
+        measured = overhead(runs, case, rounds=rounds if not quick or case is TINY else 2, steps=3, device=device)
+        loopback, bus_s = loopback_gbps(numel * 4), bus_copy_s(numel, device)
+        cases.append(case_result(case.label, case.batch, measured, vector_mb, loopback, bus_s))
+        if case.with_whole:
+            cases.append(case_result(case.label + WHOLE_LABEL, case.batch, measured["whole"], vector_mb, loopback, bus_s))
+    result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
+    if skipped:
+        result["skipped"] = skipped
+    if scaling:
+        counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
+        curves = {}
+        for k in (1, 2):
+            curves[str(k)], param_mb = throughput_by_workers(runs, counts, window_s=3.0 if quick else 10.0, num_ps=k)
+        result.update({
+            "throughput_by_workers": curves,
+            "ps_bandwidth_mbps": PS_BANDWIDTH_MBPS,
+            "param_mb": param_mb,
+            "ps_cap_samples_per_s": PS_BANDWIDTH_MBPS / 8 / (2 * param_mb) * SCALING_BATCH,
+            "scaling_workload": f"{SCALING_WORKLOAD} width {SCALING_OPTIONS['width']}, batch {SCALING_BATCH}",
+            "reference_compute_s": REFERENCE_COMPUTE_S,
+            "k2_over_k1_at_max_workers": curves["2"][str(counts[-1])] / curves["1"][str(counts[-1])],
+        })
+        result["plot"] = str(artifacts / "throughput_vs_workers.png")
+        plot(result, Path(result["plot"]))
+    return result
+
+
+def run_bench(quick: bool) -> dict:
+    import torch
+
+    return run_runtime_bench("cuda" if torch.cuda.is_available() else "cpu", quick)
+
+
+def format_table(result: dict) -> str:
+    lines = [f"overhead on {result['device']}: one runtime worker against a plain loop (median step times)",
+             "  case | plain samples/s | runtime samples/s | ratio | of link bound | compute / plain step | "
+             "bus copies s | push+pull s | GB/s (loopback GB/s) | PS apply ms/MB"]
+    for c in result["cases"]:
+        lines.append(
+            f"  {c['case']} ({c['vector_mb']:.1f} MB) | {c['plain_samples_per_s']:.2f} | {c['runtime_samples_per_s']:.2f} | "
+            f"{c['ratio']:.3f} | {c['ratio_to_link_bound']:.3f} | "
+            f"{c['worker_compute_s']:.4f} / {c['plain_step_s']:.4f} = {c['compute_over_plain_step']:.3f} | "
+            f"{c['bus_copy_s']:.4f} | {c['push_pull_s']:.4f} | {c['push_pull_gbps']:.2f} ({c['loopback_gbps']:.2f}) | "
+            f"{c['ps_apply_ms_per_mb']:.2f}")
+    if "throughput_by_workers" in result:
+        lines.append(f"throughput vs workers ({result['scaling_workload']}, compute {result['reference_compute_s']:g} s, "
+                     f"each PS capped at {result['ps_bandwidth_mbps']:g} Mbps = {result['ps_cap_samples_per_s']:.1f} samples/s):")
+        lines.append("  workers  " + "  ".join(f"k={k} samples/s" for k in result["throughput_by_workers"]))
+        for n in result["throughput_by_workers"]["1"]:
+            lines.append(f"  {n:>7}  " + "  ".join(f"{curve[n]:15.1f}" for curve in result["throughput_by_workers"].values()))
+        lines.append(f"plot: {result['plot']}")
+    return "\n".join(lines)

@@ -1,0 +1,4 @@
+"""`python -m tasks.cli ...`: the same as the `spotfill` console script."""
+from tasks.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,267 @@
+"""`spotfill run`: the main job, the train-with-slo flow, on the embedded `local` provider by
+default, in a temporary Prefect server this command starts and stops (tasks/cli/prefect_server.py)
+unless PREFECT_API_URL points at a real one."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from tasks.cli import args as cli_args
+from tasks.cli.output import runtime_errors_in_one_line
+from tasks.planner.problem import RISK_LEVEL
+from tasks.runtime.async_rule import DEFAULT_RULE, RULES
+
+# The README's main job: a small transformer LM on the two types of the quick profiling preset.
+# At least three workers, so that a revocation leaves survivors, from a market with two of each
+# type: the plan mixes them. A real Bamboo trace of the p2/p3 family, replayed
+# 25x faster against the p3.2xlarge workers: its drops at 212 s (9 -> 2 instances) and 299 s
+# (2 -> 0) revoke them about 12 s after launch; the re-plan keeps the g3.8xlarge survivors.
+DEMO = {
+    "workload": "transformer-lm",
+    "workload_options": {"seq_len": 16},
+    "candidates": ["p3.2xlarge", "g3.8xlarge"],
+    "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2},
+    "min_workers": 3,
+    "target_loss": 1.7,
+    "deadline_s": 60.0,
+    "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
+    "time_scale": 25.0,
+    "trace_type": "p3.2xlarge",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train to a loss target before a deadline (the main flow)")
+    p.add_argument("--workload", default=DEMO["workload"])
+    p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
+    p.add_argument("--deadline", type=cli_args.duration_s, default=DEMO["deadline_s"], help="seconds")
+    p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
+    p.add_argument("--quota", type=cli_args.counts, default=None,
+                   help="TYPE=N,... (types not named: 4 each; with the demo's types and no --quota: "
+                        + ",".join(f"{t}={n}" for t, n in DEMO["quotas"].items()) + ")")
+    p.add_argument("--min-workers", type=cli_args.positive_count, default=None,
+                   help="plan and re-plan at least this many workers, so a revocation leaves survivors "
+                        f"(the demo's market: {DEMO['min_workers']}; otherwise the smallest fitted cluster)")
+    p.add_argument("--profile", default=None, help="use this profile instead of profiling")
+    p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
+    p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
+                   help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
+    p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
+                   help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
+    p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
+    p.add_argument("--risk-level", type=cli_args.positive_float, default=RISK_LEVEL,
+                   help=f"with --solver risk: probability of meeting the deadline to plan for (default {RISK_LEVEL:g})")
+    p.add_argument("--confidence", type=cli_args.finite_float, default=None,
+                   help="plan for the upper end of the prediction's interval at this level, in (0, 1)")
+    p.add_argument("--provider", choices=["local", "aws"], default="local")
+    p.add_argument("--region", type=cli_args.region, default="us-east-1")
+    p.add_argument("--trace", default=None, help="preemption trace to replay (local; default the demo's); '' for none")
+    p.add_argument("--trace-type", default=None,
+                   help="replay the trace against this type's workers only; '' for every worker "
+                        f"(the demo's trace and types: {DEMO['trace_type']})")
+    p.add_argument("--time-scale", type=cli_args.positive_float, default=DEMO["time_scale"],
+                   help="trace seconds per real second")
+    p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
+                   help="also revoke one worker this many seconds after launch (repeatable)")
+    p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
+    p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.set_defaults(handler=runtime_errors_in_one_line(run))
+
+
+def demo_request(artifacts_dir: str = "artifacts"):
+    """The README's main job: a small built-in workload, three local types, one replayed trace."""
+    from tasks.pipeline.params import TrainRequest
+
+    return TrainRequest.model_validate({
+        "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
+        "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
+        "candidates": {"types": DEMO["candidates"], "quotas": DEMO["quotas"], "min_workers": DEMO["min_workers"]},
+        "provider": {"name": "local", "revocations": {"trace": DEMO["trace"], "time_scale": DEMO["time_scale"],
+                                                      "trace_type": DEMO["trace_type"]}},
+        "artifacts_dir": artifacts_dir,
+    })
+
+
+def market_defaults(args: argparse.Namespace, types: list[str]) -> dict:
+    """Quotas, floor and trace type as given, else the demo's where the run is the demo's: its
+    types (and, for the floor, its quotas; for the trace type, its trace)."""
+    demo_types = types == DEMO["candidates"]
+    quotas = args.quota if args.quota is not None else (DEMO["quotas"] if demo_types else {})
+    floor = args.min_workers
+    if floor is None and demo_types and args.quota is None:
+        floor = DEMO["min_workers"]
+    trace_type = args.trace_type
+    if trace_type is None and demo_types and args.trace in (None, DEMO["trace"]):  # None: the default, the demo's
+        trace_type = DEMO["trace_type"]
+    return {"quotas": quotas, "min_workers": floor, "trace_type": trace_type or None}
+
+
+def build_request(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from tasks.core.errors import UserInputError
+    from tasks.pipeline.params import TrainRequest
+    from tasks.runtime.workloads import parse_options
+
+    if args.trace is None:  # the demo's trace on the local provider; AWS revokes on its own
+        args.trace = DEMO["trace"] if args.provider == "local" else ""
+    types = [t for t in args.types.split(",") if t]
+    market = market_defaults(args, types)
+    try:
+        return TrainRequest.model_validate({
+            "workload": args.workload,
+            "workload_options": parse_options(args.workload_opt) if args.workload_opt else
+            (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
+            "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
+            "candidates": {"types": types, "quotas": market["quotas"], "min_workers": market["min_workers"]},
+            "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
+            "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
+            "confidence": args.confidence,
+            "provider": {"name": args.provider, "region": args.region,
+                         "revocations": {"trace": args.trace or None, "trace_type": market["trace_type"],
+                                         "time_scale": args.time_scale,
+                                         "inject_at_s": args.revoke_at}},
+            "filling": {"enabled": not args.no_filling},
+            "artifacts_dir": str(args.artifacts),
+        }, context={"local_user": True})  # the local user may run any plug-in (tasks/pipeline/plugin_policy.py)
+    except ValidationError as err:
+        from tasks.core.profile import format_validation_error
+
+        raise UserInputError(format_validation_error(err, "run parameters")) from None
+
+
+def check_request(request) -> None:
+    """Everything `run` can check before it starts a Prefect server or a process: the workload and
+    its options, the profile, the trace, the candidate types (local); the cheap checks first."""
+    from tasks.core.errors import UserInputError
+
+    if request.profile is not None:
+        check_first_plan(request)
+    local = request.provider.name == "local"
+    if local and request.provider.revocations.trace:
+        from tasks.core.traces import load_trace, trace_path
+
+        load_trace(trace_path(request.provider.revocations.trace))
+    if local:
+        from tasks.pipeline.stages import profiling_preset
+        from tasks.profiling.presets import local_nic_mbytes_per_s
+        from tasks.providers.local import default_types
+
+        offered = [t.name for t in default_types()[0]]
+        unknown = [t for t in request.candidates.types if t not in offered]
+        if unknown:
+            raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
+        local_nic_mbytes_per_s(profiling_preset(request))  # the emulation the run profiles and trains under
+    else:
+        check_aws_settings(request)
+    if request.filling.enabled:  # the workers' filler reads $SPOTFILL_FILL_CONFIG over these: refuse a bad one now
+        from tasks.filling.attach import check_device, worker_fill_config
+
+        fill = worker_fill_config({"online_rate_per_s": request.filling.online_rate_per_s,
+                                   "slo_s": request.filling.online_slo_s})
+        if local:
+            check_device(fill)
+    from tasks.runtime.workloads import check_workload  # torch: only once a verb runs
+
+    check_workload(request.workload, request.workload_options)  # builds the model, trains one step
+
+
+def check_first_plan(request) -> None:
+    """With a profile given, the run's first plan is made here as the flow's plan task makes it,
+    so what that task would refuse (a target the curve cannot reach or starts below, quotas of 0,
+    a confidence the profile has no spread for) is refused before a server or a process starts.
+    The session knows no prices here: the budget cap is the flow's to check."""
+    from pathlib import Path
+
+    from tasks.core.errors import UserInputError
+    from tasks.pipeline.session import TrainingSession
+    from tasks.pipeline.stages import load_request_profile
+
+    session = TrainingSession(request, load_request_profile(request), provider=None, run_id="check", run_dir=Path("."))
+    if not any(session.quota.values()):
+        raise UserInputError("every candidate type's quota is 0: no instance can be provisioned")
+    session.solve_or_fastest(session.plan_request(request.slo.deadline_s))
+
+
+def check_aws_settings(request) -> None:
+    """The AWS config's fields, and credentials boto3 can find (no call to AWS is made)."""
+    import boto3
+
+    from tasks.core.errors import UserInputError
+    from tasks.pipeline.stages import aws_config
+    from tasks.providers.aws import NO_CREDENTIALS, aws_errors
+
+    config = aws_config(request)
+    with aws_errors(config.region):
+        credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
+    if credentials is None:
+        raise UserInputError(NO_CREDENTIALS)
+
+
+def prefect_defaults() -> None:
+    """Settings for a laptop with no network: a patient ephemeral server, no analytics."""
+    import os
+
+    os.environ.setdefault(STARTUP_TIMEOUT_ENV, "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+def startup_timeout_from_env() -> float:
+    """How long `run` waits for its Prefect server: the variable Prefect reads, checked here so a
+    bad value is named rather than left to a float() deep in the start-up."""
+    import os
+
+    from tasks.core.errors import UserInputError
+
+    text = os.environ[STARTUP_TIMEOUT_ENV]
+    try:
+        return cli_args.duration_s(text)
+    except argparse.ArgumentTypeError as err:
+        raise UserInputError(f"{STARTUP_TIMEOUT_ENV}={text[:40]!r}: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tasks.pipeline.plugin_policy import allow_local_user
+    from tasks.cli.prefect_server import temporary_server
+
+    prefect_defaults()
+    startup_timeout_s = startup_timeout_from_env()  # the cheap check first
+    request = build_request(args)
+    check_request(request)
+    allow_local_user(request.workload)
+    with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
+        return _run_flow(request, args)
+
+
+def _run_flow(request, args: argparse.Namespace) -> int:
+    from flows.train_with_slo import train_with_slo
+    from tasks.pipeline import stages
+    from tasks.core.progress import ProgressBar
+
+    bar = ProgressBar(100, "training")
+
+    def show(session, obs) -> None:
+        note = f"loss {obs.loss:.3f}" if obs.loss is not None else "starting"
+        bar.advance(int(100 * max(obs.loss_fraction, obs.time_fraction)) - bar.done, f"{note} ${obs.spent_usd:.4f}")
+
+    stages.PROGRESS_LISTENERS.append(show)
+    try:
+        summary = train_with_slo(request)
+    finally:
+        bar.close()
+        stages.PROGRESS_LISTENERS.remove(show)
+    if args.json:
+        from tasks.cli.output import print_json
+
+        print_json(json.loads(json.dumps(summary, default=str)))
+    else:
+        print(summary["verdict"])
+        print(f"report: {summary['report_dir']}/report.md  timeline: {summary['timeline_png']}")
+    return 0 if summary["met"] else 1

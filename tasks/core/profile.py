@@ -1,0 +1,174 @@
+"""The workload profile (docs/formats.md): load, validate, and look up instance types.
+
+Validation names the offending field in one line, because the planner's answers are only as good
+as the numbers it reads.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.core.errors import UserInputError
+
+
+# strict: a profile's `"param_mb": true` or `"gpus": "8"` is a mistake to name, not a 1 or an 8 to guess
+_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+# an instance type as the CLI names it in TYPE=N lists: no spaces, commas, '=' or '@' (the
+# separator of TYPE@REGION offers), no look-alike characters
+TYPE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+
+
+class Contention(BaseModel):
+    model_config = _CONFIG
+    alpha1: float
+    beta1: float
+    # What loads the PS in Eq. 8-9: the worker count (the paper; null means it) or "load", the
+    # effective count sum_i T_fast / T_i_alone (docs/model.md, Extensions).
+    by: Literal["workers", "load"] | None = None
+
+
+class LossCurve(BaseModel):
+    model_config = _CONFIG
+    gamma1: float
+    gamma2: float
+    gamma3: float
+    gamma4: float | None = Field(gt=0)  # null selects the prototype's form without R
+    gamma5: float
+    kappa: float | None = Field(default=None, ge=0.25, le=1.0)  # exponent of (R + gamma4) * n; null: 0.5
+
+    def require_reachable(self, loss_target: float) -> None:
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""
+        if loss_target <= self.gamma5:
+            raise UserInputError(
+                f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")
+
+
+class Uncertainty(BaseModel):
+    """The spread of the model's relative time error, measured on clusters the fit did not see:
+    the standard deviation of log(observed / predicted) time."""
+
+    model_config = _CONFIG
+    time_log_sd: float = Field(ge=0)
+    method: str = "leave-one-cluster-out"
+
+
+class InstanceProfile(BaseModel):
+    model_config = _CONFIG
+    type: str
+    gpus: int = Field(gt=0)
+    batch_per_gpu: int = Field(gt=0)
+    compute_time_s: float = Field(gt=0)
+    spot_price: float = Field(gt=0)
+    on_demand_price: float = Field(gt=0)
+    quota: int = Field(ge=0)
+
+    @field_validator("type")
+    @classmethod
+    def _type_name_the_cli_can_name(cls, name: str) -> str:
+        if not re.fullmatch(TYPE_NAME, name):
+            raise ValueError(f"instance type {name[:60]!r} must be 1-100 ASCII letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit (as TYPE=N lists name it)")
+        return name
+
+    @field_validator("quota")
+    @classmethod
+    def _quota_within_the_count_limit(cls, quota: int) -> int:
+        """The planner enumerates counts up to each quota: a typo of 10**9 would take the memory."""
+        from tasks.core.limits import max_count
+
+        if quota > max_count():
+            raise ValueError(f"quota {quota} is more than {max_count()} (SPOTFILL_MAX_COUNT raises the limit)")
+        return quota
+
+
+class Profile(BaseModel):
+    """One workload's measured parameters; units are MB, MB/s, seconds and USD per hour."""
+
+    model_config = _CONFIG
+    workload: str = Field(min_length=1)
+    param_mb: float = Field(gt=0)
+    required_bandwidth_mbps: float = Field(gt=0)
+    ps_bandwidth_mbps: float = Field(gt=0)
+    pcie_bandwidth_mbps: float = Field(gt=0)
+    num_ps: int = Field(default=1, gt=0)
+    contention: Contention
+    loss: LossCurve
+    instances: list[InstanceProfile] = Field(min_length=1)
+    uncertainty: Uncertainty | None = None
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_types(cls, instances: list[InstanceProfile]) -> list[InstanceProfile]:
+        seen: set[str] = set()
+        for inst in instances:
+            if inst.type.lower() in seen:  # P3.2XLARGE beside p3.2xlarge: one type twice, or a typo
+                raise ValueError(f"duplicate instance type {inst.type!r}")
+            seen.add(inst.type.lower())
+        return instances
+
+    @property
+    def type_names(self) -> list[str]:
+        return [i.type for i in self.instances]
+
+    @property
+    def fitted_workers(self) -> tuple[int, int] | None:
+        """The smallest and largest cluster the loss curve was fitted on (the fit report's
+        `fit_quality.loss-curve.workers`): outside that range a prediction extrapolates the curve's
+        n-shape, so the planner plans no smaller cluster (docs/model.md). None: not recorded (a
+        profile built from published numbers, as the shipped resnet110 one)."""
+        quality = (self.model_extra or {}).get("fit_quality") or {}
+        curve = quality.get("loss-curve") or {} if isinstance(quality, dict) else None
+        if not isinstance(curve, dict):
+            raise UserInputError(f"fit_quality must be an object whose loss-curve is an object, got {quality!r:.80}")
+        span = curve.get("workers")
+        if span is None:
+            return None
+        if (not isinstance(span, list) or len(span) != 2 or not all(type(n) is int and n > 0 for n in span)
+                or span[0] > span[1]):
+            raise UserInputError(f"fit_quality.loss-curve.workers must be [smallest, largest] cluster sizes, got {span!r}")
+        return span[0], span[1]
+
+    def instance(self, type_name: str) -> InstanceProfile:
+        for inst in self.instances:
+            if inst.type == type_name:
+                return inst
+        raise UserInputError(
+            f"unknown instance type {type_name!r} (profile {self.workload!r} has: {', '.join(self.type_names)})"
+        )
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line naming the first bad field, e.g. `instances.2.compute_time_s: must be > 0`."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "missing":
+        msg = "missing field"
+    more = len(err.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{source}: {loc}: {msg}{suffix}"
+
+
+def profile_from_dict(data: Any, source: str = "profile") -> Profile:
+    if not isinstance(data, dict):
+        raise UserInputError(f"{source}: expected a JSON object at the top level")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as err:
+        raise UserInputError(format_validation_error(err, source)) from None
+    try:
+        profile.fitted_workers  # noqa: B018 (checks the fit report's range once, at load)
+    except UserInputError as err:
+        raise UserInputError(f"{source}: {err}") from None
+    return profile
+
+
+def load_profile(path: str | Path) -> Profile:
+    from tasks.core.inputs import loads_json, read_text
+
+    path = Path(path)
+    data = loads_json(read_text(path, "profile"), str(path))
+    return profile_from_dict(data, source=str(path))

@@ -1,0 +1,29 @@
+"""Terminate everything a run started, from nothing but its id and where it ran: stateless, so
+the CLI's `spotfill cleanup` and the flow's crash and cancel hooks (in whatever process Prefect
+runs them) share it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
+                aws_config: dict | None = None, wait: bool = False, missing_ok: bool = True) -> tuple[int, str]:
+    """Terminate every instance of the run, from nothing but its id and where it ran (the CLI,
+    and the flow's crash and cancel hooks in whatever process Prefect runs them); returns how
+    many were still alive, and where (the artifacts folder, or the AWS region). Without
+    `missing_ok`, an AWS run id that no instance or security group carries is a UserInputError."""
+    from tasks.providers.aws import check_id
+
+    run_id = check_id("run id", run_id)
+    if provider == "local":
+        from tasks.providers.local import LocalProvider
+
+        return LocalProvider(artifacts_dir=artifacts_dir).cleanup(run_id), str(artifacts_dir)
+    from tasks.core.errors import UserInputError
+    from tasks.providers.aws import TAG_RUN, AwsProvider, load_aws_config
+
+    aws = AwsProvider(load_aws_config(aws_config or {}))
+    if not missing_ok and not aws.knows_run(run_id):
+        raise UserInputError(f"no instance or security group tagged {TAG_RUN}={run_id} in {aws.config.region} "
+                             "(--missing-ok to accept an unknown run id)")
+    return aws.cleanup(run_id, wait=wait), aws.config.region

@@ -1,0 +1,108 @@
+"""The main flow through the Prefect engine, on the local provider (real processes)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+PROFILE = str(REPO / "profiles" / "transformer-lm-local-quick.json")
+TYPES = ["p3.2xlarge", "g3.8xlarge"]
+
+
+def alive_pids(artifacts: Path) -> list[int]:
+    """Processes of any run under `artifacts` that still exist."""
+    pids = []
+    for table in artifacts.glob("*/instances.json"):
+        for row in json.loads(table.read_text())["instances"]:
+            if Path(f"/proc/{row['pid']}").exists():
+                stat = Path(f"/proc/{row['pid']}/stat").read_text().split()
+                if stat[2] != "Z":
+                    pids.append(row["pid"])
+    return pids
+
+
+def request(tmp_path, **patch):
+    from tasks.pipeline.params import TrainRequest
+
+    base = {
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+        "slo": {"target_loss": 1.7, "deadline_s": 240}, "profile": PROFILE,
+        "candidates": {"types": TYPES, "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2}},
+        "provider": {"name": "local", "revocations": {"inject_at_s": [6.0], "notice_s": 1.0}},
+        "overhead_s": 5.0, "artifacts_dir": str(tmp_path),
+    }
+    return TrainRequest.model_validate(base | patch)
+
+
+def test_flow_survives_a_revocation_and_meets_its_slo(prefect_harness, tmp_path):
+    from flows.train_with_slo import train_with_slo
+
+    summary = train_with_slo(request(tmp_path))
+    assert summary["met"], summary["verdict"]
+    assert summary["verdict"].startswith("SLO met")
+    assert summary["revocations"] >= 1 and summary["replans"] >= 1
+    replan = next(e for e in summary["timeline"] if e["kind"] == "replan")
+    assert replan["reason"] == "revocation"
+    run_dir = Path(summary["report_dir"])
+    for name in ("summary.json", "report.md", "timeline.png"):
+        assert (run_dir / name).stat().st_size > 0
+    assert summary["stage_seconds"]["train"] > 0 and summary["orchestration_overhead_s"] >= 0
+    assert summary["inference"]["workers"] >= 1 and summary["inference"]["offline_samples"] > 0
+    assert alive_pids(tmp_path) == []
+
+
+def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harness, tmp_path):
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.train_with_slo import train_with_slo
+
+    bad = request(tmp_path).model_dump()
+    bad["slo"]["deadline_s"] = -5
+    with pytest.raises(ParameterTypeError, match="deadline_s"):
+        train_with_slo(request=bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--types", "p3.2xlarge,p3.2xlarge"], {}, "candidate types repeat"),
+    (["--types", "p3.2xlarge,g4dn.4xlarge"], {}, "have different NICs"),
+    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not JSON"),
+    ([], {"SPOTFILL_FILL_CONFIG": '{"max_batch": "x"}'}, "fill config: max_batch"),
+    (["--profile", str(REPO / "profiles" / "resnet110-cifar100.json")], {}, "was measured for workload 'resnet110-cifar100'"),
+    (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
+     {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",
+      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}, "no AWS credentials found"),
+])
+def test_cli_bad_parameters_exit_2_before_a_server_or_a_process_starts(tmp_path, argv, env, message):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | env
+    r = subprocess.run([sys.executable, "-m", "tasks.cli.main", "run", *argv, "--artifacts", str(tmp_path)], cwd=REPO,
+                       env=environment, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []  # no Prefect server's log, no run folder
+
+
+def test_interrupted_run_leaves_no_process(tmp_path):
+    env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.main", "run", "--profile", PROFILE, "--types", ",".join(TYPES),
+         "--loss", "1.5", "--deadline", "600", "--trace", "", "--no-filling", "--artifacts", str(tmp_path)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 900  # a hang guard: a loaded machine starts Prefect and the run slowly
+        while time.monotonic() < deadline and proc.poll() is None and len(alive_pids(tmp_path)) < 2:
+            time.sleep(0.5)  # until the PS and a worker run
+        assert len(alive_pids(tmp_path)) >= 2, f"the run never started its instances (exit {proc.poll()})"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)  # a hang guard: on a loaded machine the shutdown's Prefect calls are slow too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    assert alive_pids(tmp_path) == []

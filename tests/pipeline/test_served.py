@@ -1,0 +1,326 @@
+"""Deployments served against a real `prefect server` that this test starts: one triggered through
+the API, and the drift automation running the re-plan deployment when an event arrives."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+from tests.pipeline.test_flow import alive_pids
+
+pytestmark = pytest.mark.slow
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    # No AWS credentials (not even moto's fake ones another fixture may have set): the catalog
+    # refresh keeps the shipped catalog; a test that wants moto adds its keys.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))} | {
+        "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(REPO), "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"), "AWS_CONFIG_FILE": str(home / "no-aws-config")}
+    log = open(home / "server.log", "wb")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy():
+        try:
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, 240, "the Prefect server")
+        yield env
+    finally:
+        stop(server)
+        log.close()
+
+
+def test_served_deployments_run_through_the_api_and_the_drift_automation(server_env, tmp_path):
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def names():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            return {d["name"] for d in r.json()} if r.status_code == 200 else set()
+
+        wait_until(lambda: {"train-with-slo", "catalog-refresh", "profile-workload", "replan-on-drift"} <= names(),
+                   240, "the served deployments")
+
+        # A deployment run triggered through the API and watched to completion.
+        out = tmp_path / "catalog.json"
+        r = subprocess.run([PREFECT, "deployment", "run", "catalog-refresh/catalog-refresh", "--param",
+                            f"out={json.dumps(str(out))}", "--watch", "--watch-timeout", "240"],
+                           cwd=REPO, env=server_env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(json.loads(out.read_text())["types"]) == 84
+
+        # Drift events: the automation runs replan-on-drift for a run whose drift_action is
+        # "automation" (never for an inline one), which asks a live run to re-plan and leaves a
+        # finished one alone.
+        def emit(run: str, action: str) -> None:
+            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", f"spotfill.run.{run}",
+                                "--resource", f"spotfill.drift-action={action}",
+                                "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6})],
+                               cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+
+        def drift_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
+                           timeout=10)
+            return [f for f in r.json() if f["parameters"].get("resource_id", "").startswith("spotfill.run.")]
+
+        run_dir, done_dir, inline_dir = tmp_path / "run-served", tmp_path / "run-done", tmp_path / "run-inline"
+        for d in (run_dir, done_dir, inline_dir):
+            d.mkdir()
+        (done_dir / "summary.json").write_text("{}")
+        emit("run-inline", "inline")
+        emit("run-done", "automation")
+        emit("run-served", "automation")
+        request = wait_until(lambda: (run_dir / "replan-request.json").exists() and
+                             json.loads((run_dir / "replan-request.json").read_text()), 240, "the re-plan request")
+        assert request == {"reason": "drift", "speed_ratio": 0.6}
+        wait_until(lambda: len(drift_runs()) >= 2, 240, "the automation's runs")
+        assert sorted(f["parameters"]["resource_id"] for f in drift_runs()) == ["spotfill.run.run-done",
+                                                                               "spotfill.run.run-served"]
+        assert not (done_dir / "replan-request.json").exists() and not (inline_dir / "replan-request.json").exists()
+
+        # A run of the main deployment cancelled from the API: its instances are all gone.
+        deployment = next(d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
+                          if d["name"] == "train-with-slo")
+        runs_dir = tmp_path / "runs"
+        flow_run = start_served_run(api, deployment["id"], runs_dir, target_loss=1.5)
+        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 900, "the cancelled run's instances")
+        r = httpx.post(f"{api}/flow_runs/{flow_run['id']}/set_state",
+                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
+        assert r.status_code in (200, 201), r.text
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        # The runner stops the flow's process with SIGTERM; the run ends CANCELLED, or CRASHED when the
+        # engine's own SIGTERM handler reports first (a race inside Prefect). Either way it ended.
+        final = wait_until(lambda: state() in ("CANCELLED", "FAILED", "CRASHED", "COMPLETED") and state(), 120,
+                           "the run to be cancelled")
+        assert final in ("CANCELLED", "CRASHED")
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
+
+
+def start_served_run(api: str, deployment_id: str, runs_dir: Path, target_loss: float) -> dict:
+    """A run of the served train-with-slo deployment on the shipped quick profile, no filling."""
+    params = {"request": {
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+        "slo": {"target_loss": target_loss, "deadline_s": 600},
+        "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+        "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+        "artifacts_dir": str(runs_dir)}}
+    return create_flow_run(api, deployment_id, params)
+
+
+def create_flow_run(api: str, deployment_id: str, params: dict) -> dict:
+    """A run of a deployment, created through the API; a busy server (SQLite under the automation's
+    writes) may answer an error once, which a test must see rather than wait on a run never made."""
+    for _ in range(5):
+        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": params}, timeout=30)
+        if r.status_code == 201:
+            return r.json()
+        assert r.status_code >= 500 or r.status_code == 409, f"create_flow_run: {r.status_code} {r.text}"
+        time.sleep(2.0)
+    raise AssertionError(f"create_flow_run kept failing: {r.status_code} {r.text}")
+
+
+def flow_process_of(runs_dir: Path) -> int | None:
+    """The flow run's process: the parent of the instances it started (each in its own session)."""
+    for table in runs_dir.glob("*/instances.json"):
+        for row in json.loads(table.read_text())["instances"]:
+            try:
+                stat = Path(f"/proc/{row['pid']}/stat").read_text()
+            except OSError:
+                continue
+            return int(stat[stat.rindex(")") + 2:].split()[1])
+    return None
+
+
+def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(server_env, tmp_path):
+    """SIGKILL leaves the flow no chance to clean up; the runner's crash hook rebuilds the run
+    from the flow run (its id and parameters), terminates what it started and reports it."""
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        runs_dir = tmp_path / "runs"
+        flow_run = start_served_run(api, dep["id"], runs_dir, target_loss=1.3)
+        wait_until(lambda: len(alive_pids(runs_dir)) >= 2, 240, "the run's instances")
+        flow_pid = flow_process_of(runs_dir)
+        assert flow_pid is not None and flow_pid != served.pid
+        os.kill(flow_pid, signal.SIGKILL)
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        assert wait_until(lambda: state() in ("CRASHED", "FAILED", "CANCELLED", "COMPLETED") and state(), 120,
+                          "the run to crash") == "CRASHED"
+        run_dir = next(runs_dir.glob("run-*"))
+        summary = wait_until(lambda: (run_dir / "summary.json").exists() and json.loads((run_dir / "summary.json").read_text()),
+                             120, "the crash hook's report")
+        assert summary["state"] == "Crashed" and summary["verdict"].startswith("Run crashed after")
+
+        def report_artifact():
+            r = httpx.post(f"{api}/artifacts/filter", timeout=10,
+                           json={"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}})
+            return [a for a in r.json() if a["key"] == f"{run_dir.name}-report"] if r.status_code == 200 else []
+
+        report = wait_until(report_artifact, 60, "the crashed run's report artifact")[0]
+        assert "Run crashed after" in report["data"] and report["data"] == (run_dir / "report.md").read_text()
+        rows = json.loads((run_dir / "instances.json").read_text())["instances"]
+        assert rows and all(r["state"] == "terminated" for r in rows)
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
+
+
+def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_refresh(server_env, tmp_path):
+    """`prefect deploy --all` as shipped, a process worker, and a run of catalog-refresh through
+    it (without AWS credentials: the shipped catalog, said so)."""
+    env = server_env
+
+    def prefect(*args: str, timeout_s: float = 300) -> str:
+        r = subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=timeout_s)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    prefect("work-pool", "create", "spotfill", "--type", "process")
+    prefect("deploy", "--all")
+    worker_log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "spotfill"], cwd=tmp_path, env=env,
+                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out = tmp_path / "catalog.json"
+        prefect("deployment", "run", "catalog-refresh/catalog-refresh", "--param", f"out={json.dumps(str(out))}",
+                "--watch", "--watch-timeout", "400", timeout_s=450)
+        assert len(json.loads(out.read_text())["types"]) == 84
+        worker_log.flush()
+        assert "no AWS credentials: kept the shipped catalog" in (tmp_path / "worker.log").read_text()
+    finally:
+        stop(worker)
+        worker_log.close()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(server_env, moto_endpoint, moto_amis,
+                                                                             tmp_path):
+    """The same on AWS (moto's server): the flow is killed while its parameter server starts; the
+    crash hook, in the serving process, terminates the run's instances by their tags."""
+    import boto3
+
+    from tasks.providers.aws import TAG_RUN
+    from tasks.providers.aws_sandbox import FAKE_CREDENTIALS
+    from tests.providers.test_aws_e2e import ARCHIVE
+
+    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text()) | {"workload": "resnet20"}
+    t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
+    shipped["instances"] = [{**t4, "type": "g4dn.2xlarge", "quota": 4}, {**t4, "type": "g4dn.12xlarge", "gpus": 4, "quota": 1}]
+    profile = tmp_path / "t4.json"
+    profile.write_text(json.dumps(shipped))
+    env = server_env | FAKE_CREDENTIALS
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=env, stdout=open(tmp_path / "serve.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    api = server_env["PREFECT_API_URL"]
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(ARCHIVE),
+               "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"]}
+        params = {"request": {
+            "workload": "resnet20", "slo": {"target_loss": 0.8, "deadline_s": 6000}, "profile": str(profile),
+            "candidates": {"types": ["g4dn.2xlarge", "g4dn.12xlarge"]}, "filling": {"enabled": False},
+            "provider": {"name": "aws", "aws": aws}, "artifacts_dir": str(tmp_path / "runs")}}
+        flow_run = create_flow_run(api, dep["id"], params)
+        run_id = f"run-{flow_run['id'].replace('-', '')[:10]}"
+
+        def alive():
+            reservations = ec2.describe_instances(Filters=[
+                {"Name": f"tag:{TAG_RUN}", "Values": [run_id]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
+            return [i for r in reservations for i in r["Instances"]]
+
+        wait_until(alive, 240, "the run's parameter server on moto")  # the flow now waits for it to listen
+        for pid in children_of(served.pid):
+            os.kill(pid, signal.SIGKILL)
+
+        def state():
+            return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
+
+        assert wait_until(lambda: state() in ("CRASHED", "FAILED", "CANCELLED", "COMPLETED") and state(), 120,
+                          "the run to crash") == "CRASHED"
+        wait_until(lambda: alive() == [], 120, "no instance of the run running")
+    finally:
+        stop(served)

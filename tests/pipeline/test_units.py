@@ -1,0 +1,308 @@
+"""The pipeline's plain logic, without Prefect."""
+import pytest
+from pydantic import ValidationError
+
+from tasks.pipeline.alternatives import plan_alternatives
+from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.session import capped_quotas
+from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.planner import PlanRequest
+from tasks.core.profile import load_profile
+from tests.conftest import SHIPPED_PROFILE
+
+GOOD = {"slo": {"target_loss": 1.2, "deadline_s": 60}, "candidates": {"types": ["p3.2xlarge"]}}
+
+
+def test_request_defaults_and_validation():
+    r = TrainRequest.model_validate(GOOD)
+    assert r.provider.name == "local" and r.filling.enabled and r.candidates.quota("p3.2xlarge") == 4
+    bad = [
+        ({"slo": {"target_loss": 1.2, "deadline_s": 0}}, "deadline_s"),
+        ({"slo": {"target_loss": -1, "deadline_s": 10}}, "target_loss"),
+        ({"candidates": {"types": []}}, "types"),
+        ({"candidates": {"types": ["a", "a"]}}, "candidate types repeat"),
+        ({"candidates": {"types": ["a"], "quotas": {"b": 1}}}, "not a candidate"),
+        ({"provider": {"name": "gcp"}}, "provider.name"),
+        ({"profile": "/no/such/profile.json"}, "profile not found"),
+        ({"surprise": 1}, "surprise"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"candidates": {"types": ["a"], "min_workers": 0}}, "min_workers"),
+        ({"candidates": {"types": ["a", "b"], "quotas": {"a": 1}, "min_workers": 6}},
+         "min_workers 6 is more than the quotas allow (5 in all)"),
+        ({"candidates": {"types": ["a"], "min_workers": 3}, "budget": {"max_instances": 2}},
+         "candidates.min_workers 3 is more than budget.max_instances (2)"),
+        ({"slo": {"target_loss": True, "deadline_s": 60}}, "target_loss"),
+        ({"slo": {"target_loss": 1.2, "deadline_s": 1e308}}, "deadline_s"),
+        ({"slo": {"target_loss": 1.2, "deadline_s": 2}}, "leaves no time to train after overhead_s (3 s)"),
+        ({"candidates": {"types": ["a"], "quotas": {"a": 10**30}}}, "quotas must be 0..1000 (SPOTFILL_MAX_COUNT)"),
+        ({"budget": {"max_instances": 10**30}}, "max_instances"),
+        ({"overhead_s": 1e308}, "overhead_s"),
+        ({"provider": {"revocations": {"inject_at_s": [-5]}}}, "inject_at_s"),
+        ({"provider": {"revocations": {"trace": "nonexistent.csv"}}}, "provider.revocations.trace not found"),
+        ({"provider": {"revocations": {"trace": "../../README.md"}}}, "is neither a file nor a trace name under profiles/traces/"),
+        ({"profile": str(SHIPPED_PROFILE)}, "was measured for workload 'resnet110-cifar100', not 'transformer-lm'"),
+        ({"provider": {"revocations": {"trace_type": "p3.2xlarge"}}}, "but no trace is given"),
+        ({"provider": {"name": "aws", "revocations": {"inject_at_s": [5]}}}, "replayed on the local provider only"),
+        ({"provider": {"revocations": {"inject_at_s": [60]}}}, "inject_at_s 60 s is not before slo.deadline_s (60 s)"),
+        ({"provider": {"capacity": {"z9.huge": 3}}}, "provider.capacity given for a type that is not a candidate: z9.huge"),
+        ({"provider": {"region": "mars-1"}}, "unknown region 'mars-1'"),
+        ({"artifacts_dir": ""}, "empty output folder"),
+        ({"artifacts_dir": "/dev/null"}, "/dev/null is not a folder"),
+        ({"artifacts_dir": "/dev/null/runs"}, "/dev/null is not a folder"),
+        ({"workload": "resnet110-cifar100", "profile": str(SHIPPED_PROFILE), "profiling": "full"},
+         "profiling 'full' does nothing with a profile given"),
+        ({"workload": "resnet110-cifar100", "profile": str(SHIPPED_PROFILE), "profile_budget_s": 60},
+         "profile_budget_s does nothing with a profile given"),
+    ]
+    for patch, needle in bad:
+        with pytest.raises(ValidationError) as err:
+            TrainRequest.model_validate(GOOD | patch)
+        assert needle in str(err.value)
+
+
+def test_alternatives_a_floor_rules_out_are_listed_as_infeasible():
+    """A homogeneous alternative whose type cannot reach the request's min_workers is a row that
+    says so, not an error that stops the run."""
+    request = PlanRequest(load_profile(SHIPPED_PROFILE), 0.8, 3000, quota={"p3.2xlarge": 2}, min_workers=3)
+    rows = {r["name"].split(" (")[0]: r for r in plan_alternatives(request)}
+    assert rows["chosen"]["status"] == "optimal" and sum(rows["chosen"]["plan"].values()) >= 3
+    assert rows["homogeneous fast"]["status"] == "infeasible"
+    assert "min_workers 3 is more than the quotas allow (2 in all)" in rows["homogeneous fast"]["message"]
+
+
+def test_capped_quotas_fit_the_instance_cap():
+    assert capped_quotas({"a": 4, "b": 4, "c": 1}, 12) == {"a": 4, "b": 4, "c": 1}
+    capped = capped_quotas({"a": 8, "b": 4, "c": 1}, 6)
+    assert sum(capped.values()) == 6 and capped["c"] == 1
+
+
+def test_loss_progress_and_cost_meter():
+    assert loss_progress(None, 2.0, 1.0) == 0.0
+    assert loss_progress(2.0, 1.5, 1.0) == pytest.approx(0.5)
+    assert loss_progress(2.0, 0.5, 1.0) == 1.0
+    meter = CostMeter()
+    meter.advance(100.0, 3.6)
+    assert meter.advance(110.0, 3.6) == pytest.approx(0.01)
+
+
+def test_drift_needs_a_sustained_shortfall():
+    d = DriftDetector(threshold=0.25, window_s=10)
+    # On prediction (10 updates/s): never drift.
+    assert all(d.observe(t, 10 * t, 10.0) is None for t in range(0, 30))
+    d.reset()
+    # At half speed: flagged once the shortfall has lasted the window, with the ratio.
+    flags = [d.observe(t, 5 * t, 10.0) for t in range(0, 40)]
+    first = next(i for i, f in enumerate(flags) if f is not None)
+    assert 10 <= first <= 20 and flags[first] == pytest.approx(0.5)
+
+
+def test_alternatives_include_the_baselines():
+    profile = load_profile(SHIPPED_PROFILE)
+    rows = plan_alternatives(PlanRequest(profile, 0.8, 2500))
+    names = [r["name"] for r in rows]
+    assert names[0] == "chosen (exact)" and "paper heuristic" in names and "all on-demand" in names
+    assert any(n.startswith("homogeneous fast") for n in names) and any(n.startswith("homogeneous slow") for n in names)
+    chosen = rows[0]["predicted_cost_usd"]
+    assert all(r["predicted_cost_usd"] is None or r["predicted_cost_usd"] >= chosen * (1 - 1e-9) for r in rows)
+    on_demand = next(r for r in rows if r["name"] == "all on-demand")
+    assert on_demand["predicted_cost_usd"] > chosen
+
+
+def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    before = session.solve_or_fastest(session.plan_request(3000))
+    session.refit_for_drift(0.5)
+    assert [i.compute_time_s for i in session.profile.instances] == pytest.approx(
+        [2 * i.compute_time_s for i in profile.instances])
+    after = session.solve_or_fastest(session.plan_request(3000))
+    assert after.predicted_cost_usd > before.predicted_cost_usd
+    slowed = session.profile
+    session.refit_for_drift(0.0)  # no update in the window: nothing to refit to, no division by zero
+    assert session.profile == slowed
+
+
+def test_progress_drift_is_judged_on_the_loss_curve():
+    from tasks.pipeline.watch import LossCurve, progress_ratio
+
+    curve = LossCurve(a=10.0, gamma1=5.0, gamma5=1.0)
+    assert curve.updates_to(float(curve.loss_at(20.0))) == pytest.approx(20.0)
+    assert curve.updates_to(1.0) == float("inf")
+    # 10 s at 0.5 s per update predicts 20 updates of progress; the loss shows 20, then 10.
+    assert progress_ratio(curve, 0.5, 10.0, None, float(curve.loss_at(20.0))) == pytest.approx(1.0)
+    assert progress_ratio(curve, 0.5, 10.0, None, float(curve.loss_at(10.0))) == pytest.approx(0.5)
+    # after a re-plan, progress counts from the loss where the plan began
+    assert progress_ratio(curve, 0.5, 10.0, float(curve.loss_at(30.0)), float(curve.loss_at(40.0))) == pytest.approx(0.5)
+    assert progress_ratio(curve, 0.5, 0.0, None, 2.0) is None and progress_ratio(curve, 0.5, 5.0, None, None) is None
+    # update rate on prediction, progress at half: drift, at the progress ratio
+    d = DriftDetector(threshold=0.25, window_s=10)
+    flags = [d.observe(t, 10 * t, 10.0, progress=0.5) for t in range(0, 40)]
+    assert next(f for f in flags if f is not None) == pytest.approx(0.5)
+
+
+def _poll(**patch):
+    from tasks.pipeline.session import Observation
+
+    base = dict(t_s=10.0, loss=2.0, updates=100, samples=1000, workers={"p3.2xlarge": 2}, spent_usd=0.0,
+                ps_spent_usd=0.0, loss_fraction=0.1, time_fraction=0.1)
+    return Observation(**(base | patch))
+
+
+def test_controller_decides_done_revocation_and_drift_once():
+    from tasks.pipeline.controller import Action, decide
+    from tasks.providers.base import ProviderEvent
+
+    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, asked=None, plan_empty=False)
+    assert decide(_poll(), **args) == []
+    assert decide(_poll(loss=1.4), **args) == [Action("done", "target")]
+    assert decide(_poll(t_s=61.0), **args) == [Action("done", "deadline")]
+    assert decide(_poll(stopped="max updates"), **args) == [Action("done", "stopped")]
+    assert decide(_poll(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
+    notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
+    assert decide(_poll(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
+    # the instance taken at the end of its notice was re-planned around already; one taken without one was not
+    taken = ProviderEvent("revoked", "i-1", 2.0)
+    assert decide(_poll(events=[taken]), **args | {"known_leaving": frozenset({"i-1"})}) == []
+    assert decide(_poll(events=[taken]), **args) == [Action("replan", "revocation", ("i-1",))]
+    # inline drift: refit then one re-plan (merged with a revocation's); a request from the automation is ignored
+    assert decide(_poll(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"speed_ratio": 0.5}}) == [
+        Action("refit", "drift", speed_ratio=0.5), Action("replan", "revocation+drift", ("i-1",))]
+    # automation: the run announces drift and acts only on the automation's request, once
+    auto = args | {"drift_action": "automation"}
+    assert decide(_poll(), **auto | {"drift_ratio": 0.5}) == [Action("announce-drift", "drift", speed_ratio=0.5)]
+    assert decide(_poll(), **auto | {"asked": {"speed_ratio": 0.6}}) == [
+        Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
+
+
+def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
+    import yaml
+
+    from flows.serve import PREFECT_YAML, deployments
+    from tasks.cli.run import demo_request
+
+    spec = yaml.safe_load(PREFECT_YAML.read_text())
+    served = {d.name: d for d in deployments()}
+    assert list(served) == [d["name"] for d in spec["deployments"]]
+    for d in spec["deployments"]:
+        assert served[d["name"]].parameters == (d.get("parameters") or {})
+    for name in ("train-with-slo", "profile-workload"):
+        assert TrainRequest.model_validate(served[name].parameters["request"]) == demo_request()
+    assert [s.schedule.cron for s in served["catalog-refresh"].schedules] == ["0 */6 * * *"]
+    trigger = served["replan-on-drift"].triggers[0]
+    assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
+
+
+def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.planner import solve
+    from tasks.core.profile import Uncertainty
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE).model_copy(update={"uncertainty": Uncertainty(time_log_sd=0.05)})
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "confidence": 0.9})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    for plan_request in (session.plan_request(3000), session.plan_request(3000, {"p3.2xlarge": 1}, current_loss=1.5)):
+        assert plan_request.confidence == 0.9
+        result = solve(plan_request)
+        assert result.confidence["level"] == 0.9 and result.confidence["upper_time_s"] <= 3000
+
+
+def test_regions_are_refused_before_anything_starts():
+    """Offers TYPE@REGION may name what no provider of the run can start: a clear refusal."""
+    with pytest.raises(ValidationError, match="launches the profile's types in provider.region"):
+        TrainRequest.model_validate(GOOD | {"regions": ["us-east-1", "us-west-2"]})
+
+
+def test_the_trace_type_must_be_a_candidate():
+    rev = {"provider": {"revocations": {"trace": "parcae_p3trace.csv", "trace_type": "g3.8xlarge"}}}
+    with pytest.raises(ValidationError, match="trace_type 'g3.8xlarge' is not a candidate"):
+        TrainRequest.model_validate(GOOD | rev)
+
+@pytest.mark.parametrize("argv, quotas, floor, trace_type", [
+    ([], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, "p3.2xlarge"),  # the demo's market
+    (["--quota", "p3.2xlarge=1"], {"p3.2xlarge": 1}, None, "p3.2xlarge"),  # your quotas, the fitted floor
+    (["--quota", "p3.2xlarge=1", "--min-workers", "2"], {"p3.2xlarge": 1}, 2, "p3.2xlarge"),
+    (["--types", "p3.2xlarge"], {}, None, None),  # not the demo's types: none of its market
+    (["--trace-type", ""], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, None),  # '' replays against every worker
+    (["--trace", "other.csv"], {"p3.2xlarge": 2, "g3.8xlarge": 2}, 3, None),
+])
+def test_run_takes_the_demo_market_only_where_the_run_is_the_demo(argv, quotas, floor, trace_type):
+    from tasks.cli.main import build_parser
+    from tasks.cli.run import market_defaults
+
+    args = build_parser().parse_args(["run", *argv])
+    got = market_defaults(args, [t for t in args.types.split(",") if t])
+    assert got == {"quotas": quotas, "min_workers": floor, "trace_type": trace_type}
+
+
+@pytest.mark.parametrize("kappa, gamma4", [(None, None), (0.75, None), (0.3, 0.5), (None, 0.5)])
+def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
+    """The curve a run is watched against (drift, the report's predicted line) needs the updates
+    the planner predicted, whatever the profile's n-shape."""
+    from types import SimpleNamespace
+
+    from tasks.core.model import Model
+    from tasks.pipeline.session import TrainingSession
+    from tasks.core.profile import profile_from_dict
+
+    data = load_profile(SHIPPED_PROFILE).model_dump()
+    data["loss"] |= {"kappa": kappa, "gamma4": gamma4}
+    profile = profile_from_dict(data)
+    request = TrainRequest.model_validate({"slo": {"target_loss": 0.8, "deadline_s": 3000},
+                                           "candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, SimpleNamespace(list_types=lambda: []), "run", tmp_path)
+    plan = {"p3.2xlarge": 2, "g3.8xlarge": 3}
+    curve, texp_s = session.loss_curve(plan)
+    model = Model.from_profile(profile)
+    r = model.evaluate(model.counts_vector(plan), 0.8)
+    assert curve.updates_to(0.8) == pytest.approx(float(r["iterations"][0]), rel=1e-12)
+    assert texp_s == pytest.approx(float(r["iteration_time_s"][0]), rel=1e-12)
+
+
+def test_the_verdict_says_why_training_stopped_early(tmp_path):
+    from tasks.pipeline.report import verdict
+    from tasks.pipeline.session import TrainingSession
+    from tasks.providers.local import LocalProvider
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    result = {"met": False, "ended": "stopped", "stopped": "diverged", "final_loss": 2.5, "observed_time_s": 12.0,
+              "spent_usd": 0.01, "ps_spent_usd": 0.001}
+    harvested = {"offline_samples": 0, "online_requests": 0}
+    said = verdict(session, result, harvested)
+    assert said.startswith("SLO missed") and "training stopped early: the loss became NaN or infinite (diverged)" in said
+    assert "stopped early" not in verdict(session, {**result, "ended": "deadline"}, harvested)
+    assert "stopped early: stop_file" in verdict(session, {**result, "stopped": "stop_file"}, harvested)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--loss", "1.0"], "is unreachable: the fitted loss curve never goes below gamma5"),
+    (["--quota", "p3.2xlarge=0,g3.8xlarge=0"], "every candidate type's quota is 0"),
+    (["--confidence", "0.9"], "gives no interval for confidence 0.9"),
+])
+def test_run_with_a_profile_makes_its_first_plan_before_starting_anything(argv, fragment, tmp_path, capsys):
+    """What the flow's plan task would refuse is refused before a Prefect server or a process starts."""
+    from tasks.cli.main import main
+    from tests.conftest import REPO
+
+    status = main(["run", "--profile", str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+                   "--artifacts", str(tmp_path), *argv])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["abc", "1_0", "nan", "-5", "0"])
+def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tmp_path, capsys, monkeypatch):
+    from tasks.cli.main import main
+
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", value)
+    assert main(["run", "--artifacts", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
+    assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

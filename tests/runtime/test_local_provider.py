@@ -1,0 +1,163 @@
+"""The local provider with light instances (sleeping processes): launch, idempotency, capacity,
+revocation deadlines, trace replay, cleanup from another process, no leaks after a crash or
+Ctrl-C of the process that started them."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.core.errors import UserInputError
+from tasks.providers.base import Startup
+from tasks.providers.local import LocalProvider, _proc_start_ticks, default_types
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEPER = Startup(("python", "-c", "import time; time.sleep(120)"))
+GROUP = Startup(("bash", "-c", "sleep 120 & sleep 120 & wait"))
+TRACE = REPO / "profiles" / "traces" / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv"
+
+
+@pytest.fixture()
+def provider(tmp_path):
+    p = LocalProvider(tmp_path, terminate_grace_s=2.0)
+    yield p
+    p.kill_all_started()
+
+
+def _group_gone(pgid: int) -> bool:
+    """No live (non-zombie) process is left in the process group."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return False
+    return True
+
+
+def _wait(predicate, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_default_types_come_from_the_shipped_profile():
+    types, speed = default_types()
+    by_name = {t.name: t for t in types}
+    assert by_name["p3.2xlarge"].spot_usd_per_h == 0.918 and by_name["p3.2xlarge"].gpu_model == "NVIDIA Tesla V100"
+    assert speed["p3.2xlarge"] == 1.0
+    assert speed["g4dn.4xlarge"] == pytest.approx(0.378964 / 1.201062)
+
+
+def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
+    first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
+    again = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
+    assert [i.instance_id for i in first.instances] == [i.instance_id for i in again.instances]
+    assert len(provider.describe("r")) == 2
+    pids = [provider.pid_of("r", i.instance_id) for i in first.instances]
+    provider.terminate([first.instances[0].instance_id, "local-9999"])  # an unknown id is no error
+    _wait(lambda: _group_gone(pids[0]))  # a SIGKILLed process takes a moment to exit under load
+    assert not _group_gone(pids[1])
+    assert provider.cleanup("r") == 1
+    assert provider.describe("r") == []
+    _wait(lambda: _group_gone(pids[1]))
+
+
+def test_capacity_limits_spot_launches(provider):
+    provider.capacity["g3.8xlarge"] = 1
+    result = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER)
+    assert len(result.instances) == 1
+    refusal = result.refused["g3.8xlarge"]
+    assert (refusal.kind, refusal.missing) == ("capacity", 2) and "has 1 free, asked 3" in refusal.message
+    with pytest.raises(UserInputError, match="unknown instance type"):
+        provider.launch("r", "p1", "x9.huge", 1, startup=SLEEPER)
+
+
+def test_notice_then_taken_at_the_deadline(provider):
+    (instance,) = provider.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances
+    notice = provider.inject_revocation("r", instance.instance_id, notice_s=0.5)
+    notice_file = Path(json.loads((provider.run_dir("r") / "instances.json").read_text())["instances"][0]["notice_file"])
+    assert json.loads(notice_file.read_text())["deadline_s"] == notice.deadline_s
+    assert provider.describe("r")[0].state == "notice"
+    pid = provider.pid_of("r", instance.instance_id)
+    _wait(lambda: _group_gone(pid))  # a sleeper ignores the notice: it is taken at the deadline
+    assert time.time() >= notice.deadline_s
+    assert [e.kind for e in provider.poll_events("r")] == ["revocation_notice", "revoked"]
+    assert provider.poll_events("r") == []
+
+
+def test_trace_replay_revokes_at_scaled_times(provider):
+    provider.launch("r", "p0", "g4dn.4xlarge", 2, startup=SLEEPER)
+    # first drop in this real trace: 2 -> 1 live at 25529 s; 50000x faster is 0.51 s
+    start = time.time()
+    provider.replay_trace("r", TRACE, time_scale=50_000.0, notice_s=5.0)
+    _wait(lambda: any(i.state == "notice" for i in provider.describe("r")))
+    assert time.time() - start >= 25529 / 50_000 - 0.05  # not before its scaled time (later is the machine's load)
+    events = provider.poll_events("r")
+    assert events[0].kind == "revocation_notice" and events[0].deadline_s - events[0].at_s == pytest.approx(5.0)
+
+
+def test_cleanup_from_another_process_object(provider, tmp_path):
+    provider.launch("r", "p0", "p3.2xlarge", 2, startup=SLEEPER)
+    pids = [provider.pid_of("r", i.instance_id) for i in provider.describe("r")]
+    assert LocalProvider(tmp_path).cleanup("r") == 2
+    assert all(_proc_start_ticks(pid) is None or _group_gone(pid) for pid in pids)
+
+
+DRIVER = """
+import json, sys, time
+from pathlib import Path
+from tasks.providers.base import Startup
+from tasks.providers.local import LocalProvider
+p = LocalProvider(Path(sys.argv[1]))
+r = p.launch("leak", "p0", "p3.2xlarge", 2, startup=Startup(("bash", "-c", "sleep 120 & sleep 120 & wait")))
+print(json.dumps([p.pid_of("leak", i.instance_id) for i in r.instances]), flush=True)
+if sys.argv[2] == "raise":
+    raise RuntimeError("boom")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "sigint", "sigterm"])
+def test_no_process_outlives_its_starter(tmp_path, how):
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), how], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pgids = json.loads(proc.stdout.readline())
+        if how != "raise":
+            assert not any(_group_gone(g) for g in pgids)
+            proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    _wait(lambda: all(_group_gone(g) for g in pgids))
+
+
+def test_nic_bandwidth_is_megabytes_per_s_in_the_type_and_megabits_in_the_shaping(tmp_path):
+    from tasks.core.catalog import load_catalog
+
+    catalog_mbytes = next(t["network_mbps"] for t in load_catalog()["types"] if t["type"] == "p3.2xlarge")
+    p = LocalProvider(tmp_path, bandwidth_scale=0.5, terminate_grace_s=2.0)
+    try:
+        itype = next(t for t in p.list_types() if t.name == "p3.2xlarge")
+        assert itype.network_mbytes_per_s == catalog_mbytes  # the AWS catalog's unit, unchanged
+        instance = p.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances[0]
+        environ_path = Path(f"/proc/{p.pid_of('r', instance.instance_id)}/environ")
+
+        def child_env() -> dict[str, str]:  # the parent's until the child has exec'd its startup
+            environ = environ_path.read_bytes().split(b"\0")
+            return dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+
+        _wait(lambda: "SPOTFILL_NIC_MBPS" in child_env(), timeout_s=120.0)
+        assert float(child_env()["SPOTFILL_NIC_MBPS"]) == pytest.approx(8 * catalog_mbytes * 0.5)  # megabits/s
+    finally:
+        p.kill_all_started()

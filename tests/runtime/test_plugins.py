@@ -1,0 +1,119 @@
+"""Plug-ins of a user's kind (tests/plugins/): the contract (docs/plugins.md), its checks before
+anything starts, and asynchronous training of untuned models on mixed workers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.core.errors import UserInputError
+from tasks.runtime.workloads import Workload, check_workload
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = ["regression", "classifier", "recurrent", "adam_cnn"]
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_user_plugins_pass_the_checks_and_learn_alone(name):
+    workload = check_workload(f"tests.plugins.{name}:build")
+    assert isinstance(workload, Workload)
+    steps = workload.plain_steps(32)
+    first = [next(steps) for _ in range(10)]
+    for _ in range(200):  # Adam at 1e-3 leaves its plateau after about 100 steps
+        next(steps)
+    last = [next(steps) for _ in range(10)]
+    assert sum(last) < 0.9 * sum(first)
+
+
+def test_tuple_plugins_get_the_stated_defaults():
+    workload = check_workload("tests.plugins.regression:build")
+    assert (workload.optimizer, workload.base_lr, workload.base_batch) == ("sgd", 0.05, 128)
+    assert check_workload("tests.plugins.adam_cnn:build").optimizer == "adam"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("tests.plugins.nowhere:build", "cannot import 'tests.plugins.nowhere'"),
+    ("tests.plugins.broken:missing", "has no function 'missing'"),
+    ("tests.plugins.broken:not_a_tuple", "returned int; expected (model, batches, loss_fn) or a Workload"),
+    ("tests.plugins.broken:two_items", "returned a tuple of 2 items"),
+    ("tests.plugins.broken:not_a_model", "the model is a str, not a torch.nn.Module"),
+    ("tests.plugins.broken:not_a_batch_source", "batches is a list, not callable"),
+    ("tests.plugins.broken:yields_bare_tensors", "must yield (inputs, targets) tensor pairs"),
+    ("tests.plugins.broken:nan_loss", "the loss of the first batch is nan"),
+    ("tests.plugins.broken:shape_mismatch", "loss_fn(model(inputs), targets) failed: RuntimeError"),
+    ("tests.plugins.broken:raises", "failed while building: RuntimeError: dataset not found"),
+    ("tests.plugins.broken:exits", "called sys.exit('the plug-in gave up') while building"),
+    ("tests.plugins.parses_argv:build",
+     "called sys.exit(2) while being imported: train.py: error: the following arguments are required: --data"),
+])
+def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp_path, capsys, monkeypatch):
+    from tasks.cli.main import main as cli
+    from tasks.providers.local import LocalProvider
+
+    launched = []
+    monkeypatch.setattr(LocalProvider, "launch", lambda *a, **k: launched.append(a))
+    for argv in (["train", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--max-updates", "5"],
+                 ["run", "--loss", "0.1", "--deadline", "120", "--artifacts", str(tmp_path)]):
+        status = cli.main([*argv, "--workload", spec])
+        out, err = capsys.readouterr()
+        assert status == 2 and out == "" and launched == [], argv[0]
+        assert err.startswith("spotfill: error: ") and message in err, argv[0]
+        assert len(err.strip().splitlines()) == 1, argv[0]
+    assert not any(tmp_path.iterdir())  # `run` made no run folder: it stopped before starting anything
+    with pytest.raises(UserInputError, match="workload"):
+        check_workload(spec)
+
+
+def _doc_example() -> str:
+    text = (REPO / "docs" / "plugins.md").read_text()
+    block = text.split("<!-- plugin-example -->", 1)[1]
+    return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_guide_example_is_the_tested_plugin():
+    assert _doc_example() == (REPO / "tests" / "plugins" / "regression.py").read_text()
+
+
+@pytest.mark.slow
+def test_the_guide_example_trains_on_mixed_workers_from_a_folder_outside_the_repository(tmp_path):
+    """As a user runs it: my_model.py in their own folder, the console script started there; the
+    parameter server and workers run in the repository folder and still find the module and the
+    run directory."""
+    (tmp_path / "my_model.py").write_text(_doc_example())
+    spotfill = Path(sys.executable).with_name("spotfill")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(spotfill), "train", "--workload", "my_model:build", "--workers",
+                           "p3.2xlarge=2,g3.8xlarge=1", "--batch-size", "32", "--max-updates", "300", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["updates"] >= 300 and result["stopped"] == "max_updates"
+    assert result["smoothed_loss"] < 1.0  # from about 11 (the targets' variance is 16)
+
+
+def test_a_plugin_that_prints_and_reads_tensor_values_passes_the_checks_with_stdout_left_alone(capsys):
+    """stdout is for --json's one object: a plug-in's prints go to stderr; and a builder that reads a
+    value (.item()) is built for real where the meta-device size check cannot run it."""
+    from tasks.runtime.workloads import check_workload as check_before_start
+
+    check_before_start("tests.plugins.broken:talks_and_reads_its_data", {})
+    out, err = capsys.readouterr()
+    assert out == "" and "building my model..." in err
+
+
+def test_training_whose_workers_all_exit_ends_at_once_with_exit_1_and_the_workers_last_words(tmp_path, capsys):
+    """A worker whose batches run out dies; with none left the run cannot go on: `train` ends
+    without waiting out --timeout-s, says why in one line and exits 1 (not 0, 'stopped by stop_file')."""
+    from tasks.cli.main import main as cli
+
+    status = cli.main(["train", "--workload", "tests.plugins.broken:runs_out", "--workers", "p3.2xlarge=1",
+                       "--batch-size", "8", "--max-updates", "50", "--timeout-s", "600", "--json",
+                       "--artifacts", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert status == 1 and json.loads(out)["stopped"] == "workers_gone"
+    (line,) = [line for line in err.splitlines() if line.startswith("spotfill: ")]
+    assert "every worker exited" in line and "batches ran out after 2 steps" in line
