@@ -4,6 +4,7 @@ parameter models use."""
 from __future__ import annotations
 
 from tasks.core import limits
+from tasks.core.catalog import known_region
 from tasks.core.command_line import arg_type
 
 counts = arg_type(limits.counts)
@@ -21,4 +22,4 @@ identifier = arg_type(limits.identifier)
 output_file = arg_type(limits.output_file)
 output_dir = arg_type(limits.output_dir)
 endpoint_url = arg_type(limits.endpoint_url)
-region = arg_type(limits.region)
+region = arg_type(known_region)

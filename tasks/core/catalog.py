@@ -164,3 +164,11 @@ def load_catalog(path: Path = CATALOG) -> dict:
 def catalog_regions(path: Path = CATALOG) -> set[str]:
     """Every region some type of the catalog is priced in."""
     return {region for t in load_catalog(path)["types"] for region in t["regions"]}
+
+
+def known_region(text: str) -> str:
+    """A region the instance catalog knows (an unknown one would silently price nothing)."""
+    known = catalog_regions()
+    if text not in known:
+        raise UserInputError(f"unknown region {text[:40]!r}; the catalog has {', '.join(sorted(known)[:8])}, ...")
+    return text

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.core.errors import UserInputError
+from tasks.core.limits import max_count
 
 
 # strict: a profile's `"param_mb": true` or `"gpus": "8"` is a mistake to name, not a 1 or an 8 to guess
@@ -77,8 +78,6 @@ class InstanceProfile(BaseModel):
     @classmethod
     def _quota_within_the_count_limit(cls, quota: int) -> int:
         """The planner enumerates counts up to each quota: a typo of 10**9 would take the memory."""
-        from tasks.core.limits import max_count
-
         if quota > max_count():
             raise ValueError(f"quota {quota} is more than {max_count()} (SPOTFILL_MAX_COUNT raises the limit)")
         return quota

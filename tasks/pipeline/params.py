@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from tasks.core import limits
+from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
 from tasks.planner.problem import RISK_LEVEL
 
@@ -81,7 +82,7 @@ class ProviderSettings(BaseModel):
     @classmethod
     def _region_in_the_catalog(cls, region: str) -> str:
         """An unknown region would price nothing: the plan would find no offer to buy."""
-        return limits.region(region)
+        return known_region(region)
 
     @model_validator(mode="after")
     def _capacity_is_counts(self) -> "ProviderSettings":
