@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from tasks.cli import args as cli_args
+from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("profile")
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
     p.add_argument("--deadline", required=True, type=cli_args.duration_s, help="seconds")
-    p.add_argument("--solver", choices=["exact", "heuristic"], default="exact")
+    # No solver that plans against revocation hazards: plan has no source of them.
+    p.add_argument("--solver", choices=solver_names(uses_hazards=False), default=DEFAULT_SOLVER)
     p.add_argument("--existing", type=cli_args.counts, default={}, help="TYPE=N,... already running")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
     p.add_argument("--overhead", type=cli_args.nonnegative_duration_s, default=0.0,

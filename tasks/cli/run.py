@@ -9,6 +9,7 @@ import json
 from tasks.cli import args as cli_args
 from tasks.cli.output import runtime_errors_in_one_line
 from tasks.planner.problem import RISK_LEVEL
+from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset.
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
-    p.add_argument("--solver", choices=["exact", "heuristic", "risk"], default="exact")
+    p.add_argument("--solver", choices=solver_names(), default=DEFAULT_SOLVER)
     p.add_argument("--risk-level", type=cli_args.positive_float, default=RISK_LEVEL,
                    help=f"with --solver risk: probability of meeting the deadline to plan for (default {RISK_LEVEL:g})")
     p.add_argument("--confidence", type=cli_args.finite_float, default=None,

@@ -1,2 +1,2 @@
-"""The spot market: real revocation traces, per-type hazards, a replay simulator, the policies it
-compares, and the risk-aware planner (`solver="risk"`)."""
+"""The spot market: per-type hazards from real revocation traces, a replay simulator, and the
+policies it compares (one of them the planner's risk-aware solver, tasks/planner/risk.py)."""

@@ -13,8 +13,8 @@ of times. Two facts make answers reusable without changing any of them:
   budget between (the allowed set grows with the budget and holds the plan from its own time
   on), so each plan owns an interval of (scaled) budgets, from its time to the largest budget it
   was found optimal at; below the fastest plan's time the answer is the fastest plan.
-Only the exact and heuristic solvers have both properties; risk-aware requests (whose hazards act
-in absolute time) are solved every time.
+Solvers that plan against revocation hazards (solvers.py, `uses_hazards`: the risk-aware one) do
+not have both, as hazards act in absolute time: their requests are solved every time.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from tasks.core.errors import InfeasibleError
 from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
 from tasks.planner.problem import COST_TIE_REL, make_result
+from tasks.planner.solvers import get_solver
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ class ReplanMemo:
     @staticmethod
     def _key(request: PlanRequest) -> tuple[tuple | None, float]:
         """The request less its budget and remaining progress, and du; (None, nan) when its
-        answer does not scale (before training, or the risk-aware solver)."""
-        if request.current_loss is None or request.solver == "risk":
+        answer does not scale (before training, or a solver that uses hazards)."""
+        if request.current_loss is None or get_solver(request.solver).uses_hazards:
             return None, float("nan")
         g5 = request.profile.loss.gamma5
         du = 1.0 / (request.loss_target - g5) - 1.0 / (request.current_loss - g5)

@@ -11,8 +11,10 @@ from tasks.core import limits
 from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
 from tasks.planner.problem import RISK_LEVEL
+from tasks.planner.solvers import DEFAULT_SOLVER, get_solver, solver_names
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+SolverName = Literal[solver_names()]  # the planner's table (tasks/planner/solvers.py), in its order
 
 
 class SLO(BaseModel):
@@ -127,7 +129,7 @@ class TrainRequest(BaseModel):
                                 "(default: the preset's, 300)")
     async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
         "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
-    solver: Literal["exact", "heuristic", "risk"] = "exact"
+    solver: SolverName = DEFAULT_SOLVER
     regions: list[str] = Field(default_factory=list, description="must stay empty: the pipeline launches the "
                                "profile's types in provider.region; `spotfill plan --regions` plans across regions")
     risk_level: float = Field(RISK_LEVEL, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
@@ -212,8 +214,9 @@ class TrainRequest(BaseModel):
 
     @model_validator(mode="after")
     def _risk_level_needs_the_risk_solver(self) -> "TrainRequest":
-        if self.solver != "risk" and self.risk_level != RISK_LEVEL:
-            raise ValueError(f"risk_level {self.risk_level:g} is used by solver 'risk' only (solver is {self.solver!r})")
+        if not get_solver(self.solver).uses_hazards and self.risk_level != RISK_LEVEL:
+            users = " or ".join(map(repr, solver_names(uses_hazards=True)))
+            raise ValueError(f"risk_level {self.risk_level:g} is used by solver {users} only (solver is {self.solver!r})")
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from tasks.core.model import Model, cluster_spread
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
+from tasks.planner.solvers import get_solver
 from tasks.core.profile import Profile
 from tasks.providers.base import Instance, LaunchResult, Provider, ProviderEvent
 from tasks.providers.plan_step import launch_step, takeover_counts, worker_counts
@@ -112,7 +113,7 @@ class TrainingSession:
     def risk_options(self) -> dict:
         """For the risk-aware solver: per-type revocation hazards from the shipped traces and the
         catalog's interruption bands (tasks/market/hazards.py), and the level to reach."""
-        if self.request.solver != "risk":
+        if not get_solver(self.request.solver).uses_hazards:
             return {}
         if self._hazards is None:
             from tasks.market.hazards import catalog_bands, type_hazards

@@ -410,6 +410,16 @@ def search(problem: Problem, objective: Objective = "cost", deadline_s: float | 
     return bnb.best, bnb.stats
 
 
+def fastest_plan(problem: Problem) -> tuple[Incumbent, SearchStats]:
+    """The quickest plan the quotas (and existing instances) allow, whatever it costs: no deadline."""
+    return search(problem, objective="time", deadline_s=np.inf)
+
+
+def fastest_time_s(problem: Problem) -> float:
+    """The shortest predicted time of any plan allowed by the quotas (no deadline)."""
+    return fastest_plan(problem)[0].time_s
+
+
 def search_deadlines(problem: Problem, deadlines_s: list[float]) -> list[tuple[Incumbent, SearchStats]]:
     """The cost optimum at each deadline: one scoring pass when the problem is small enough to
     enumerate, one search per deadline otherwise."""

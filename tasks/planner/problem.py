@@ -12,8 +12,8 @@ from tasks.core.errors import UserInputError
 from tasks.core.intervals import time_factor
 from tasks.core.model import Model
 from tasks.core.profile import Profile
+from tasks.planner.solvers import DEFAULT_SOLVER, get_solver
 
-SolverName = Literal["exact", "heuristic", "risk"]
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
 # that floating-point summation order never decides between equally good plans.
 COST_TIE_REL = 1e-9
@@ -30,7 +30,7 @@ class PlanRequest:
     overhead_s: float = 0.0  # T_ohd: start/join time of new instances, taken off the deadline
     current_loss: float | None = None  # re-planning mid-training: the loss reached so far
     bandwidth_margin: float = 0.0
-    solver: SolverName = "exact"
+    solver: str = DEFAULT_SOLVER  # a name in solvers.SOLVERS
     on_demand: bool = False  # price at on-demand rates (the all-on-demand baseline)
     # solver="risk" (tasks/planner/risk.py): the cheapest plan (expected cost) that meets the
     # deadline with at least this probability, given per-type revocation hazards (revocations per
@@ -176,8 +176,7 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(f"overhead must be zero or more seconds, got {req.overhead_s}")
     if not 0.0 <= req.bandwidth_margin < 1.0:
         raise UserInputError(f"bandwidth margin must be in [0, 1), got {req.bandwidth_margin}")
-    if req.solver not in ("exact", "heuristic", "risk"):
-        raise UserInputError(f"unknown solver {req.solver!r} (exact, heuristic or risk)")
+    get_solver(req.solver)
     if not 0.0 < req.target_probability < 1.0:
         raise UserInputError(f"target probability must be in (0, 1), got {req.target_probability}")
     if not math.isfinite(req.recovery_s) or req.recovery_s < 0:

@@ -42,7 +42,9 @@ from collections import OrderedDict
 import numpy as np
 
 from tasks.planner import exact
+from tasks.planner.plain import exact_answer
 from tasks.planner.problem import PlanResult, Problem, make_result
+from tasks.planner.solvers import register
 
 SLACK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # internal deadline: fastest + step * (budget - fastest)
 SPREAD_CAP = 2
@@ -241,17 +243,15 @@ def _unit_arrivals(samples: int, seed: int, kind: int, reach: float) -> tuple[np
     return _ARRIVALS[key]
 
 
+@register("risk", uses_hazards=True)
 def solve_risk(problem: Problem) -> PlanResult:
     started = time.perf_counter()
     level = problem.request.target_probability
-    fastest, stats = exact.search(problem, "time", deadline_s=np.inf)
+    fastest, stats = exact.fastest_plan(problem)
     evaluated = stats.evaluated
     if fastest.time_s > problem.budget_s * (1 + 1e-9):  # no plan meets the deadline even without revocations
-        from tasks.planner import solve_problem
-
-        plain = dataclasses.replace(problem.request, solver="exact")
-        result = solve_problem(dataclasses.replace(problem, request=plain))
-        return dataclasses.replace(result, solver="risk", solve_seconds=time.perf_counter() - started)
+        result = exact_answer(problem)  # infeasible too: its message says why
+        return dataclasses.replace(result, solve_seconds=time.perf_counter() - started)
     deadlines_s = [fastest.time_s + step * (problem.budget_s - fastest.time_s) for step in SLACK_STEPS]
     optima = []
     for best, stats in exact.search_deadlines(problem, [d * (1 + 1e-9) for d in deadlines_s]):
