@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from tasks.core.catalog import CATALOG, SOURCES, load_catalog
+from tasks.core.catalog import CATALOG, SOURCES, load_catalog, network_mbps
 from tasks.providers.base import InstanceType
 
 LINUX_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -89,8 +89,10 @@ def type_facts(described: dict[str, Any]) -> TypeFacts:
     network = described.get("NetworkInfo") or {}
     cards = network.get("NetworkCards") or []
     baseline_gbps = sum(float(c.get("BaselineBandwidthInGbps") or 0.0) for c in cards)
-    if baseline_gbps <= 0:
-        baseline_gbps = _gbps_from_label(network.get("NetworkPerformance", ""))
+    if baseline_gbps > 0:
+        mbytes_per_s = baseline_gbps * 1000.0 / 8.0
+    else:  # no card gives a baseline: the label says it ('4x 100 Gigabit'; 'High' gives none)
+        mbytes_per_s = network_mbps(network.get("NetworkPerformance", "")) or 0.0
     return TypeFacts(
         name=described["InstanceType"],
         vcpus=int(described["VCpuInfo"]["DefaultVCpus"]),
@@ -98,18 +100,8 @@ def type_facts(described: dict[str, Any]) -> TypeFacts:
         gpus=sum(int(g.get("Count", 0)) for g in gpus),
         gpu_model=" ".join(filter(None, [gpus[0].get("Manufacturer"), gpus[0].get("Name")])) or "none",
         gpu_memory_gb=float(gpu_info.get("TotalGpuMemoryInMiB", 0)) / 1024.0,
-        network_mbytes_per_s=baseline_gbps * 1000.0 / 8.0,
+        network_mbytes_per_s=mbytes_per_s,
     )
-
-
-def _gbps_from_label(label: str) -> float:
-    """'Up to 25 Gigabit' -> 25.0; labels without a number ('High') -> 0."""
-    for word in label.replace("Gigabit", " ").split():
-        try:
-            return float(word)
-        except ValueError:
-            continue
-    return 0.0
 
 
 def price_stats(records: Iterable[PriceRecord], window_end: datetime) -> list[PriceStats]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.catalog import network_mbps
 from tasks.core.errors import UserInputError
 from tasks.providers import aws_catalog
 from tasks.providers.aws import AwsConfig, client_token, load_aws_config, user_data_script
@@ -68,6 +69,14 @@ def test_type_facts_from_a_describe_instance_types_entry():
     assert facts.network_mbytes_per_s == 5000.0  # 40 Gbit/s in MB/s
     cpu = aws_catalog.type_facts({**described, "GpuInfo": None, "NetworkInfo": {"NetworkPerformance": "Up to 10 Gigabit"}})
     assert (cpu.gpus, cpu.gpu_model, cpu.network_mbytes_per_s) == (0, "none", 1250.0)
+
+
+@pytest.mark.parametrize("label, mbytes_per_s", [("4x 100 Gigabit", 50000.0), ("Up to 25 Gigabit", 3125.0), ("High", 0.0)])
+def test_a_label_without_card_baselines_is_read_as_the_catalog_reads_it(label, mbytes_per_s):
+    """Four 100 Gbit/s links are 400 Gbit/s, as in the shipped catalog (tasks.core.catalog)."""
+    described = {"InstanceType": "p4d.24xlarge", "VCpuInfo": {"DefaultVCpus": 96},
+                 "NetworkInfo": {"NetworkPerformance": label, "NetworkCards": [{"NetworkCardIndex": 0}]}}
+    assert aws_catalog.type_facts(described).network_mbytes_per_s == mbytes_per_s == (network_mbps(label) or 0.0)
 
 
 def test_the_projects_reference_data_covers_the_gpu_types():
