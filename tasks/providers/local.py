@@ -38,6 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.providers import run_registry
+from tasks.core.atomic import atomic_write_text
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_json
 from tasks.providers.base import (
@@ -157,11 +158,8 @@ class LocalProvider(Provider):
         return table
 
     def _save(self, run_id: str, table: dict) -> None:
-        path = self.run_dir(run_id) / TABLE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{TABLE}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        os.replace(tmp, path)
+        # Rewritten at every poll, and worth nothing after a power cut (its processes die too).
+        atomic_write_text(self.run_dir(run_id) / TABLE, json.dumps(table, indent=1), fsync=False)
 
     def _alive(self, row: dict) -> bool:
         child = self._children.get(row["pid"])

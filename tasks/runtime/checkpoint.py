@@ -1,12 +1,12 @@
 """PS checkpoints: written atomically, verified on load, the previous good one always kept.
 
 A checkpoint is one file `ckpt-<version>.pt`: a magic line, the SHA-256 of the payload, a newline,
-then the payload (torch.save of a dict). It is written to a temporary file in the same folder,
-fsynced, and renamed into place (os.replace), so a crash leaves either the old set or the new one.
-The newest `KEEP` files are kept. Loading takes the newest file that verifies; one that does not
-is renamed to `*.corrupt` and reported, and the one before it is used. When none verifies, or only
-`*.corrupt` files are left, loading is an error the user sees: a run never silently starts afresh
-over a checkpoint it could not read.
+then the payload (torch.save of a dict). It is written atomically and fsynced (tasks.core.atomic),
+and the folder is fsynced before older files are pruned, so a crash leaves either the old set or
+the new one. The newest `KEEP` files are kept. Loading takes the newest file that verifies; one
+that does not is renamed to `*.corrupt` and reported, and the one before it is used. When none
+verifies, or only `*.corrupt` files are left, loading is an error the user sees: a run never
+silently starts afresh over a checkpoint it could not read.
 
 The payload is read with torch.load(weights_only=True): tensors and plain data only. A checksum
 proves only that the file is intact, not who wrote it; a payload that would need a pickle global
@@ -19,12 +19,12 @@ import io
 import os
 import pickle
 import re
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from tasks.core.atomic import atomic_write_bytes, fsync_dir
 from tasks.core.errors import UserInputError
 
 MAGIC = b"SPOTFILL-CHECKPOINT-1\n"
@@ -51,35 +51,15 @@ def number_of(path: Path) -> int:
 
 def save_checkpoint(directory: Path, version: int, state: dict, keep: int = KEEP) -> Path:
     """Write `state` as the checkpoint of `version`; prune all but the newest `keep`."""
-    directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
     digest = hashlib.sha256(payload).hexdigest().encode()
-    path = path_of(directory, version)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ckpt-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + digest + b"\n" + payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+    path = atomic_write_bytes(path_of(directory, version), MAGIC + digest + b"\n" + payload)
+    fsync_dir(directory)
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

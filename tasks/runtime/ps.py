@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from tasks.core.atomic import atomic_write_text
 from tasks.core.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
@@ -361,7 +362,7 @@ class ParameterServer:
         if self.next_worker_id:
             store.add(wire.COUNTER_KEY, self.next_worker_id)  # ids stay unique across restarts
         store.set(wire.SERVING_KEY, "1")  # only now may workers take ids
-        _write_json_atomic(self.dir / READY_FILE, {"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version})
+        atomic_write_text(self.dir / READY_FILE, json.dumps({"address": f"127.0.0.1:{c.port}", "pid": os.getpid(), "version": self.version}))
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
@@ -434,12 +435,6 @@ def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     if type(optimizer) not in FUSED_OPTIMIZERS or len(optimizer.param_groups) != 1:
         return optimizer
     return type(optimizer)(optimizer.param_groups[0]["params"], **{**optimizer.defaults, "fused": True, "foreach": False})
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
