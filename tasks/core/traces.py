@@ -22,10 +22,10 @@ import numpy as np
 
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_text
+from tasks.core.limits import MAX_DURATION_S
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE_DIR = REPO / "profiles" / "traces"
-MAX_TRACE_S = 10 * 365 * 86400.0  # a later time is a typo (or, with a dot, hours overflowing)
 MIN_TRACE_S = 1.0  # a shorter trace gives a hazard of its own rounding, not of a market
 
 
@@ -39,12 +39,6 @@ class Trace:
     revoked_fraction: np.ndarray  # at each event, revoked / live just before it (0 < f <= 1)
     revocations: int
     instance_hours: float
-
-    @property
-    def rate_per_instance_h(self) -> float:
-        """Empirical hazard: revocations per live instance-hour over the whole trace."""
-        return self.revocations / self.instance_hours
-
 
 
 def trace_path(name: str) -> Path:
@@ -98,7 +92,7 @@ def _from_steps(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     for line_no, row in enumerate(rows, 1):
         where = f"{path}:{line_no}"
         t = _number(row[0], where) * unit_s
-        if t > MAX_TRACE_S:
+        if t > MAX_DURATION_S:  # a typo (or, with a dot, hours overflowing)
             raise UserInputError(f"{where}: timestamp {row[0]} is more than ten years{' (in hours: it has a dot)' if unit_s > 1 else ''}")
         try:
             live = int(row[1])
@@ -131,7 +125,7 @@ def _from_nodes(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     for line_no, row in enumerate(rows, 1):
         where = f"{path}:{line_no}"
         t = _number(row[0], where) / 1000.0
-        if t > MAX_TRACE_S:
+        if t > MAX_DURATION_S:
             raise UserInputError(f"{where}: timestamp {row[0]} ms is more than ten years")
         times.append(t)
         _check_monotone(times, where)

@@ -9,7 +9,7 @@ partial clusters at a time as numpy arrays (depth-first over chunks when a level
 the incumbent tightens as it goes), and prunes every prefix whose bound cannot beat the incumbent
 or meet the deadline. Every bound is valid, so the answer is optimal.
 
-Two things make the bounds bite early:
+Three things make the bounds bite early:
 - Dominated offers: offers with the same hardware (the same type in several regions, or types
   with the same GPUs and batch) are twins that differ only in price. Swapping an instance to a
   cheaper twin changes nothing but the cost, so a twin is only used beyond its existing count

@@ -1,8 +1,10 @@
 """The training runtime: asynchronous parameter-server training on torch.distributed (gloo).
 
-Modules: workloads (what is trained), wire (the PS <-> worker messages), shaping (emulated network
-bandwidth), telemetry (JSON lines the orchestrator tails), checkpoint (atomic, verified), ps (the
-server), worker (the worker loop), driver (the plain-Python API the flows call), traces (spot
-preemption traces replayed by the local provider), bench (`spotfill bench runtime`).
+Modules: workloads (what is trained), flat (parameters and buffers in one vector), pieces, push
+and pull (that vector on the wire in pieces, overlapped with backward and forward), wire (the
+PS <-> worker messages), shaping (emulated network bandwidth), async_rule (how a stale gradient
+is applied), telemetry (JSON lines the orchestrator tails), checkpoint (atomic, verified), cuts
+(consistent checkpoints of sharded servers), ps (the server), worker (the worker loop), lifetime
+(noticing the orchestrator is gone), driver (the plain-Python API the flows call).
 See docs/runtime.md.
 """
