@@ -7,9 +7,10 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> Path:
+def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True, mode: int = 0o644) -> Path:
     """fsync=False: the data may still be in the page cache at a power cut (a file rewritten at
-    every poll, worth nothing after one, need not wait for the disk)."""
+    every poll, worth nothing after one, need not wait for the disk). mode: the file's permissions
+    (0o600 for what only its owner may read, a checkpoint's parameters)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -19,7 +20,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> 
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read by others
+        os.chmod(tmp, mode)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -55,7 +55,7 @@ def save_checkpoint(directory: Path, version: int, state: dict, keep: int = KEEP
     torch.save(state, buffer)
     payload = buffer.getvalue()
     digest = hashlib.sha256(payload).hexdigest().encode()
-    path = atomic_write_bytes(path_of(directory, version), MAGIC + digest + b"\n" + payload)
+    path = atomic_write_bytes(path_of(directory, version), MAGIC + digest + b"\n" + payload, mode=0o600)
     fsync_dir(directory)
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
