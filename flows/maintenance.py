@@ -10,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 from tasks.core.atomic import atomic_write_json
 from tasks.pipeline import stages
 from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.setup import open_setup
 
 
 @task(name="build-catalog")
@@ -59,9 +60,10 @@ def profile_workload(request: TrainRequest) -> str:
     run_dir = Path(request.artifacts_dir) / run_id
     from flows.train_with_slo import fit_model, profile_clusters, profile_type
 
-    measurements = profile_type.map(unmapped(request), unmapped(run_id), request.candidates.types).result()
-    clusters = profile_clusters(request, run_id, measurements)
-    fit_model(request, measurements, clusters, run_dir)
+    setup = open_setup(request)
+    measurements = profile_type.map(unmapped(setup), unmapped(run_id), request.candidates.types).result()
+    clusters = profile_clusters(setup, run_id, measurements)
+    fit_model(setup.profiling, measurements, clusters, run_dir)
     return str(run_dir / "profile")
 
 

@@ -1,11 +1,13 @@
 """The main flow: profile -> fit -> plan -> launch (with filling) -> watch -> re-plan.
 
-Thin on purpose: every step is a plain function in tasks/ (tasks/pipeline/session.py holds the
-job's state, tasks/pipeline/controller.py decides what the watch loop does); here they become
-Prefect tasks with caching and retries, progress artifacts and events on the run's own page, and
-the verdict as the final state's message. Tasks take the session as an argument and return
-values; the crash and cancel hooks rebuild what they need from the flow run (its id and
-parameters), so they clean up from whichever process Prefect runs them in.
+Thin on purpose: every step is a plain function in tasks/ (tasks/pipeline/setup.py resolves the
+request once, with the run's one provider; tasks/profiling/workflow.py profiles;
+tasks/pipeline/session.py holds the job's state; tasks/pipeline/controller.py decides what the
+watch loop does); here they become Prefect tasks with caching and retries, progress artifacts and
+events on the run's own page, and the verdict as the final state's message. Tasks take the setup
+or the session as an argument and return values; the crash and cancel hooks rebuild what they
+need from the flow run (its id and parameters), so they clean up from whichever process Prefect
+runs them in.
 """
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ from prefect.events import emit_event
 from prefect.states import Completed
 
 from tasks.core.errors import UserInputError
+from tasks.core.profile import Profile
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import TrainingSession
+from tasks.pipeline.setup import RunSetup, open_setup
 from tasks.planner import PlanResult
+from tasks.profiling import workflow
+from tasks.profiling.measurements import ClusterMeasurement, TypeMeasurement
+from tasks.profiling.workflow import ProfilingJob
 
 PROGRESS_REPORT_S = 2.0  # how often the progress artifacts and events are updated
 
@@ -43,27 +50,39 @@ def retry_unless_refused(task, task_run, state) -> bool:
     return True
 
 
-@task(name="profile-type", cache_key_fn=stages.profile_cache_key, persist_result=True, retries=2,
+def type_cache_key(context, parameters: dict) -> str:
+    """One type's measurement is cached under the profiling's own key (tasks/profiling/workflow.py)."""
+    return "profile-type-" + workflow.cache_key(parameters["setup"].profiling, [parameters["instance_type"]])
+
+
+def clusters_cache_key(context, parameters: dict) -> str:
+    job = parameters["setup"].profiling
+    return "profile-clusters-" + workflow.cache_key(job, list(job.preset.types))
+
+
+@task(name="profile-type", cache_key_fn=type_cache_key, persist_result=True, retries=2,
       retry_condition_fn=retry_unless_refused)
-def profile_type(request: TrainRequest, run_id: str, instance_type: str):
-    return stages.profile_type(request, run_id, instance_type)
+def profile_type(setup: RunSetup, run_id: str, instance_type: str) -> TypeMeasurement:
+    return workflow.measure_type(setup.profiling, setup.provider, run_id, instance_type)
 
 
-@task(name="profile-clusters", cache_key_fn=stages.clusters_cache_key, persist_result=True)
-def profile_clusters(request: TrainRequest, run_id: str, measurements: list):
-    return stages.profile_clusters(request, run_id, measurements)
+@task(name="profile-clusters", cache_key_fn=clusters_cache_key, persist_result=True)
+def profile_clusters(setup: RunSetup, run_id: str, measurements: list) -> list[ClusterMeasurement]:
+    return workflow.measure_clusters(setup.profiling, setup.provider, run_id, measurements)
 
 
 @task(name="fit-model")
-def fit_model(request: TrainRequest, measurements: list, clusters: list, run_dir: Path):
-    return stages.fit_and_save(request, measurements, clusters, run_dir)
+def fit_model(job: ProfilingJob, measurements: list, clusters: list, run_dir: Path) -> Profile:
+    """Takes the job, not the setup: its inputs are hashed for the cache key, a provider cannot be."""
+    _, fitted = workflow.fit_and_save(job, measurements, clusters, run_dir / "profile",
+                                      workflow.measured_wall_s(measurements, clusters))
+    return fitted.profile
 
 
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(session: TrainingSession) -> PlanResult:
-    result = session.solve_or_fastest(session.plan_request(session.request.slo.deadline_s))
-    session.plans.append(result)
-    create_table_artifact(stages.alternatives_rows(session), key=f"{session.run_id}-plans",
+    result = session.first_plan()
+    create_table_artifact(stages.alternatives_table(session.compare_alternatives()), key=f"{session.run_id}-plans",
                           description="Chosen plan and the alternatives (predicted)")
     return result
 
@@ -104,8 +123,7 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
         stages.notify_progress(session, obs)
         for event in obs.events:
             if event.kind in ("revocation_notice", "revoked"):
-                session.revocations += event.kind == "revocation_notice"
-                stages.record_revocation(session, event)
+                session.record_revocation(event)
                 emit_event(event="spotfill.run.revocation", resource=resource,
                            payload={"instance_id": event.instance_id, "kind": event.kind})
                 logger.info("revocation %s of %s at %.1f s", event.kind, event.instance_id, obs.t_s)
@@ -117,13 +135,13 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
             if action.kind == "done":
                 update_progress_artifact(loss_art, 100 * obs.loss_fraction)
                 update_progress_artifact(time_art, 100 * obs.time_fraction)
-                return stages.outcome(session, obs, action.reason)
+                return session.conclude(obs, action.reason)
             if action.kind == "announce-drift":
                 emit_event(event="spotfill.run.drift", resource=resource | {"spotfill.drift-action": "automation"},
                            payload={"speed_ratio": action.speed_ratio, "artifacts_dir": session.request.artifacts_dir})
                 logger.warning("drift: progress at %.0f%% of the prediction; left to the automation", 100 * action.speed_ratio)
             elif action.kind == "refit":
-                stages.record_drift(session, action)
+                session.record_drift(action.reason, action.speed_ratio)
                 session.refit_for_drift(action.speed_ratio)
                 logger.warning("drift (%s): refit at %.0f%% of the predicted speed", action.reason, 100 * action.speed_ratio)
             elif action.kind == "replan":
@@ -176,17 +194,18 @@ def train_with_slo(request: TrainRequest):
     run_id = run_id_of(ctx.flow_run.id if ctx and ctx.flow_run else uuid.uuid4())
     run_dir = Path(request.artifacts_dir) / run_id
     clock = stages.StageClock()
-    provider, emulation = stages.make_provider(request)
+    setup = open_setup(request)
     try:
         with clock("profile"):
             if request.profile:
                 profile = stages.load_request_profile(request)
             else:
-                measurements = profile_type.map(unmapped(request), unmapped(run_id), request.candidates.types).result()
-                clusters = profile_clusters(request, run_id, measurements)
-                profile = fit_model(request, measurements, clusters, run_dir)
-        session = TrainingSession(request, profile, provider, run_id, run_dir,
-                                  ps_megabits_per_s=emulation.get("ps_megabits_per_s"))
+                profiling_run_id = f"{run_id}-profile"
+                measurements = profile_type.map(unmapped(setup), unmapped(profiling_run_id),
+                                                request.candidates.types).result()
+                clusters = profile_clusters(setup, profiling_run_id, measurements)
+                profile = fit_model(setup.profiling, measurements, clusters, run_dir)
+        session = TrainingSession(setup, profile, run_id, run_dir)
         with clock("plan"):
             chosen = plan(session)
         logger.info("plan %s: predicted %.1f s, $%.4f", chosen.plan, chosen.predicted_time_s, chosen.predicted_cost_usd)
@@ -205,4 +224,4 @@ def train_with_slo(request: TrainRequest):
         # the state's name is the verdict's head: `prefect deployment run --watch` ends with it
         return Completed(name="SLO met" if summary["met"] else "SLO missed", message=summary["verdict"], data=summary)
     finally:
-        provider.cleanup(run_id)
+        setup.provider.cleanup(run_id)

@@ -142,10 +142,11 @@ def _validate(args) -> int:
 
 
 def _profile_with_progress(provider, emulation, preset, directory, force=False):
-    """profile_workload with a progress bar of its stages (a cached profile finishes at once)."""
-    from tasks.profiling.workflow import PROFILING_STAGES, profile_workload
+    """profile_workload with a progress bar of its stages (a cached profile finishes at once).
+    The preset's job alone: the runtime's default async rule, default quotas, no loss target."""
+    from tasks.profiling.workflow import PROFILING_STAGES, ProfilingJob, profile_workload
     from tasks.core.progress import ProgressBar
 
     with ProgressBar(len(PROFILING_STAGES), f"profile {preset.name}") as bar:
-        return profile_workload(provider, emulation, preset, directory=directory, force=force,
-                                on_stage=lambda name: bar.advance(note=f"{name} done"))
+        return profile_workload(provider, ProfilingJob(preset, emulation, provider.name), directory=directory,
+                                force=force, on_stage=lambda name: bar.advance(note=f"{name} done"))

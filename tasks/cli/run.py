@@ -137,16 +137,17 @@ def check_request(request) -> None:
     """Everything `run` can check before it starts a Prefect server or a process: the workload and
     its options, the profile, the trace, the candidate types (local); the cheap checks first."""
     from tasks.core.errors import UserInputError
+    from tasks.pipeline.setup import resolve_setup
 
+    setup = resolve_setup(request)  # what the flow resolves again at its start, less the provider
     if request.profile is not None:
-        check_first_plan(request)
+        check_first_plan(setup)
     local = request.provider.name == "local"
     if local and request.provider.revocations.trace:
         from tasks.core.traces import load_trace, trace_path
 
         load_trace(trace_path(request.provider.revocations.trace))
     if local:
-        from tasks.pipeline.stages import profiling_preset
         from tasks.profiling.presets import local_nic_mbytes_per_s
         from tasks.providers.local import default_types
 
@@ -154,9 +155,9 @@ def check_request(request) -> None:
         unknown = [t for t in request.candidates.types if t not in offered]
         if unknown:
             raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(offered)}")
-        local_nic_mbytes_per_s(profiling_preset(request))  # the emulation the run profiles and trains under
+        local_nic_mbytes_per_s(setup.preset)  # the emulation the run profiles and trains under
     else:
-        check_aws_settings(request)
+        check_aws_credentials(setup.aws)
     if request.filling.enabled:  # the workers' filler reads $SPOTFILL_FILL_CONFIG over these: refuse a bad one now
         from tasks.filling.attach import check_device, worker_fill_config
 
@@ -169,32 +170,30 @@ def check_request(request) -> None:
     check_workload(request.workload, request.workload_options)  # builds the model, trains one step
 
 
-def check_first_plan(request) -> None:
+def check_first_plan(setup) -> None:
     """With a profile given, the run's first plan is made here as the flow's plan task makes it,
     so what that task would refuse (a target the curve cannot reach or starts below, quotas of 0,
     a confidence the profile has no spread for) is refused before a server or a process starts.
-    The session knows no prices here: the budget cap is the flow's to check."""
+    The setup has no provider here, so no prices: the budget cap is the flow's to check."""
     from pathlib import Path
 
     from tasks.core.errors import UserInputError
     from tasks.pipeline.session import TrainingSession
     from tasks.pipeline.stages import load_request_profile
 
-    session = TrainingSession(request, load_request_profile(request), provider=None, run_id="check", run_dir=Path("."))
+    session = TrainingSession(setup, load_request_profile(setup.request), run_id="check", run_dir=Path("."))
     if not any(session.quota.values()):
         raise UserInputError("every candidate type's quota is 0: no instance can be provisioned")
-    session.solve_or_fastest(session.plan_request(request.slo.deadline_s))
+    session.first_plan()
 
 
-def check_aws_settings(request) -> None:
-    """The AWS config's fields, and credentials boto3 can find (no call to AWS is made)."""
+def check_aws_credentials(config) -> None:
+    """Credentials boto3 can find for the run's AwsConfig (no call to AWS is made)."""
     import boto3
 
     from tasks.core.errors import UserInputError
-    from tasks.pipeline.stages import aws_config
     from tasks.providers.aws import NO_CREDENTIALS, aws_errors
 
-    config = aws_config(request)
     with aws_errors(config.region):
         credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
     if credentials is None:

@@ -10,7 +10,8 @@ import pytest
 
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import TrainingSession
-from tasks.pipeline.stages import load_request_profile, make_provider
+from tasks.pipeline.setup import open_setup
+from tasks.pipeline.stages import load_request_profile
 from tests.conftest import REPO
 from tests.pipeline.test_flow import alive_pids
 
@@ -28,12 +29,11 @@ def local_request(tmp_path, **patch) -> TrainRequest:
 
 def test_a_first_launch_short_of_capacity_is_replanned_and_the_difference_launched(tmp_path):
     request = local_request(tmp_path)
-    provider, emulation = make_provider(request)
-    session = TrainingSession(request, load_request_profile(request), provider, "run-capacity", tmp_path / "run-capacity",
-                              ps_megabits_per_s=emulation["ps_megabits_per_s"])
+    setup = open_setup(request)
+    provider = setup.provider
+    session = TrainingSession(setup, load_request_profile(request), "run-capacity", tmp_path / "run-capacity")
     try:
-        first = session.solve_or_fastest(session.plan_request(request.slo.deadline_s))
-        session.plans.append(first)
+        first = session.first_plan()
         short = next(iter(first.plan))
         provider.capacity[short] = 0  # the emulated market has none of the planned type now
         session.start_parameter_server()
@@ -89,16 +89,15 @@ def test_a_type_short_on_aws_is_replanned_around(moto_endpoint, moto_amis, tmp_p
         "workload": "transformer-lm", "slo": {"target_loss": 0.8, "deadline_s": 6000.0},
         "candidates": {"types": types, "quotas": {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1}},
         "provider": {"name": "aws", "aws": aws}, "overhead_s": 30.0, "artifacts_dir": str(tmp_path)})
-    provider, _ = make_provider(request)
-    offered = {t.name: t for t in provider.list_types()}
-    profile = t4_profile(offered, {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1})
+    setup = open_setup(request)
+    provider = setup.provider
+    profile = t4_profile(setup.offered, {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1})
     run_id = f"cap-{uuid.uuid4().hex[:8]}"
-    session = TrainingSession(request, profile, provider, run_id, tmp_path / run_id)
+    session = TrainingSession(setup, profile, run_id, tmp_path / run_id)
     ps = provider.launch(run_id, "ps", "c5.xlarge", 1, role="ps", market="on-demand").instances[0]
     session.run = TrainingRun(run_id, tmp_path / run_id, provider, "10.0.0.1:29500", ps, "transformer-lm")
 
-    first = session.solve_or_fastest(session.plan_request(request.slo.deadline_s))
-    session.plans.append(first)
+    first = session.first_plan()
     short = max(first.plan, key=first.plan.get)
 
     def no_capacity(params=None, **_):  # what EC2 answers when the type's pool is empty

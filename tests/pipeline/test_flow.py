@@ -41,10 +41,11 @@ def request(tmp_path, **patch):
     return TrainRequest.model_validate(base | patch)
 
 
-def test_flow_survives_a_revocation_and_meets_its_slo(prefect_harness, tmp_path):
+def test_flow_survives_a_revocation_and_meets_its_slo(prefect_harness, tmp_path, providers_built):
     from flows.train_with_slo import train_with_slo
 
     summary = train_with_slo(request(tmp_path))
+    assert len(providers_built) == 1  # the run's setup's, used by every stage
     assert summary["met"], summary["verdict"]
     assert summary["verdict"].startswith("SLO met")
     assert summary["revocations"] >= 1 and summary["replans"] >= 1

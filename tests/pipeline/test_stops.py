@@ -48,18 +48,20 @@ def test_a_cancelled_run_gets_its_report_as_an_artifact_of_its_flow_run(prefect_
 
 
 def test_profiling_on_a_market_short_of_a_type_says_so_and_leaves_nothing(tmp_path):
-    from tasks.pipeline import stages
+    from tasks.pipeline.setup import open_setup
     from tasks.profiling.measurements import ProfilingError
+    from tasks.profiling.workflow import measure_type
 
-    r = request(tmp_path, profile=None, provider={"name": "local", "capacity": {"g3.8xlarge": 0}})
+    setup = open_setup(request(tmp_path, profile=None, provider={"name": "local", "capacity": {"g3.8xlarge": 0}}))
     with pytest.raises(ProfilingError, match=r"profiling needs 1 x g3.8xlarge and the spot market refused 1 "
                                              r"\(g3.8xlarge: the spot market has 0 free, asked 1\)"):
-        stages.profile_type(r, "run-short", "g3.8xlarge")
+        measure_type(setup.profiling, setup.provider, "run-short", "g3.8xlarge")
     assert alive_pids(tmp_path) == []
 
 
-def test_a_refused_profiling_launch_is_not_retried(prefect_harness, tmp_path):
-    """A retry would be refused the same way: the flow fails at once with the market's answer."""
+def test_a_refused_profiling_launch_is_not_retried(prefect_harness, tmp_path, providers_built):
+    """A retry would be refused the same way: the flow fails at once with the market's answer.
+    Its profiling tasks, one per type, used the run's one provider."""
     from flows.train_with_slo import train_with_slo
 
     r = request(tmp_path, profile=None, provider={"name": "local", "capacity": {"g3.8xlarge": 0}})
@@ -68,19 +70,21 @@ def test_a_refused_profiling_launch_is_not_retried(prefect_harness, tmp_path):
     logs = sorted(tmp_path.glob("run-*-profile-g3.8xlarge/logs/*.log"))
     assert len(logs) == 1  # one attempt's parameter server, no retry's
     assert alive_pids(tmp_path) == []
+    assert len(providers_built) == 1
 
 
 def test_a_profile_measured_with_sharded_parameter_servers_runs_that_many(tmp_path):
     from tasks.pipeline.session import TrainingSession
-    from tasks.pipeline.stages import load_request_profile, make_provider
+    from tasks.pipeline.setup import open_setup
+    from tasks.pipeline.stages import load_request_profile
 
     sharded = json.loads(PROFILE.read_text()) | {"num_ps": 2}
     path = tmp_path / "sharded.json"
     path.write_text(json.dumps(sharded))
     r = request(tmp_path, profile=str(path))
-    provider, emulation = make_provider(r)
-    session = TrainingSession(r, load_request_profile(r), provider, "run-k2", tmp_path / "run-k2",
-                              ps_megabits_per_s=emulation["ps_megabits_per_s"])
+    setup = open_setup(r)
+    provider = setup.provider
+    session = TrainingSession(setup, load_request_profile(r), "run-k2", tmp_path / "run-k2")
     try:
         session.start_parameter_server()
         assert [i.role for i in provider.describe("run-k2")] == ["ps", "ps"]

@@ -5,6 +5,7 @@ from pydantic import ValidationError
 from tasks.pipeline.alternatives import plan_alternatives
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import capped_quotas
+from tasks.pipeline.setup import resolve_setup
 from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
 from tasks.planner import PlanRequest
 from tasks.core.profile import load_profile
@@ -110,11 +111,10 @@ def test_alternatives_include_the_baselines():
 
 def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
     from tasks.pipeline.session import TrainingSession
-    from tasks.providers.local import LocalProvider
 
     profile = load_profile(SHIPPED_PROFILE)
     request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
-    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path / "run-x")
     before = session.solve_or_fastest(session.plan_request(3000))
     session.refit_for_drift(0.5)
     assert [i.compute_time_s for i in session.profile.instances] == pytest.approx(
@@ -200,11 +200,10 @@ def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
     from tasks.pipeline.session import TrainingSession
     from tasks.planner import solve
     from tasks.core.profile import Uncertainty
-    from tasks.providers.local import LocalProvider
 
     profile = load_profile(SHIPPED_PROFILE).model_copy(update={"uncertainty": Uncertainty(time_log_sd=0.05)})
     request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}, "confidence": 0.9})
-    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path / "run-x")
     for plan_request in (session.plan_request(3000), session.plan_request(3000, {"p3.2xlarge": 1}, current_loss=1.5)):
         assert plan_request.confidence == 0.9
         result = solve(plan_request)
@@ -243,8 +242,6 @@ def test_run_takes_the_demo_market_only_where_the_run_is_the_demo(argv, quotas, 
 def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
     """The curve a run is watched against (drift, the report's predicted line) needs the updates
     the planner predicted, whatever the profile's n-shape."""
-    from types import SimpleNamespace
-
     from tasks.core.model import Model
     from tasks.pipeline.session import TrainingSession
     from tasks.core.profile import profile_from_dict
@@ -254,7 +251,7 @@ def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
     profile = profile_from_dict(data)
     request = TrainRequest.model_validate({"slo": {"target_loss": 0.8, "deadline_s": 3000},
                                            "candidates": {"types": profile.type_names}})
-    session = TrainingSession(request, profile, SimpleNamespace(list_types=lambda: []), "run", tmp_path)
+    session = TrainingSession(resolve_setup(request), profile, "run", tmp_path)
     plan = {"p3.2xlarge": 2, "g3.8xlarge": 3}
     curve, texp_s = session.loss_curve(plan)
     model = Model.from_profile(profile)
@@ -266,11 +263,10 @@ def test_the_watched_loss_curve_is_the_planners(tmp_path, kappa, gamma4):
 def test_the_verdict_says_why_training_stopped_early(tmp_path):
     from tasks.pipeline.report import verdict
     from tasks.pipeline.session import TrainingSession
-    from tasks.providers.local import LocalProvider
 
     profile = load_profile(SHIPPED_PROFILE)
     request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
-    session = TrainingSession(request, profile, LocalProvider(artifacts_dir=tmp_path), "run-x", tmp_path / "run-x")
+    session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path / "run-x")
     result = {"met": False, "ended": "stopped", "stopped": "diverged", "final_loss": 2.5, "observed_time_s": 12.0,
               "spent_usd": 0.01, "ps_spent_usd": 0.001}
     harvested = {"offline_samples": 0, "online_requests": 0}

@@ -9,7 +9,7 @@ import pytest
 from tasks.profiling.measurements import ProfilingError
 from tasks.profiling.presets import QUICK
 from tasks.profiling.single import param_mb, profile_type
-from tasks.profiling.workflow import profile_workload
+from tasks.profiling.workflow import ProfilingJob, profile_workload
 from tasks.providers.local import LocalProvider, _proc_start_ticks
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,8 @@ def test_a_diverging_run_is_a_clear_error_and_writes_no_profile(provider, tmp_pa
                                  types=("p3.2xlarge",), iterations=12)
     emulation = {"ps_megabits_per_s": 1000.0, "reference_compute_s": 0.05}
     with pytest.raises(ProfilingError, match="diverged"):
-        profile_workload(provider, emulation, preset, directory=tmp_path / "profiles", run_id="diverge")
+        profile_workload(provider, ProfilingJob(preset, emulation, provider.name), directory=tmp_path / "profiles",
+                         run_id="diverge")
     assert not (tmp_path / "profiles").exists() or not any((tmp_path / "profiles").rglob("*"))
     _assert_nothing_left(provider)
 
