@@ -92,8 +92,8 @@ def test_citation_checks_catch_what_they_must():
     assert OUTSIDE.search("see shared/design/model.md") and OUTSIDE.search("../profiles/x.json")
     assert not OUTSIDE.search("checkpoint .../ckpt-9.pt")
     assert CLOCK_TIME.search("runs at 09:14-09:37 UTC") and not CLOCK_TIME.search("ratio 0.44")
-    cited = cited_paths("`tasks/core/model.py`, docs/nothing.md, tests/test_runtime_*.py, "
+    cited = cited_paths("`tasks/core/model.py`, docs/nothing.md, tests/runtime/test_*.py, "
                         "artifacts/<run-id>/report.md, profiles/measured/<workload>/.")
-    assert {"tasks/core/model.py", "docs/nothing.md", "tests/test_runtime_*.py"} <= cited
-    assert exists("tasks/core/model.py") and exists("tests/test_runtime_*.py")
+    assert {"tasks/core/model.py", "docs/nothing.md", "tests/runtime/test_*.py"} <= cited
+    assert exists("tasks/core/model.py") and exists("tests/runtime/test_*.py")
     assert not exists("docs/nothing.md") and not exists("tasks/nothing_*.py")
