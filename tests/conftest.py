@@ -1,5 +1,6 @@
 """Shared fixtures. Flow tests ask for `prefect_harness` (one ephemeral Prefect per session, in a
-temporary PREFECT_HOME); unit tests never start Prefect."""
+temporary PREFECT_HOME); unit tests never start Prefect. Shared constants and helpers are in
+tests/helpers.py."""
 from __future__ import annotations
 
 import os
@@ -14,8 +15,7 @@ os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["SPOTFILL_STATE_DIR"] = tempfile.mkdtemp(prefix="spotfill-state-")  # the run registry: not ~
 
-REPO = Path(__file__).resolve().parents[1]
-SHIPPED_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
+from tests.helpers import SHIPPED_PROFILE  # after PREFECT_HOME is set
 
 
 @pytest.fixture(scope="session")

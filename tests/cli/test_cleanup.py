@@ -10,8 +10,7 @@ from pathlib import Path
 
 from tasks.cli.main import main
 from tasks.providers.local import LocalProvider
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 CRASHING_RUN = textwrap.dedent("""
     import os, sys

@@ -7,14 +7,9 @@ from statistics import NormalDist
 
 import pytest
 
-from tests.conftest import REPO, SHIPPED_PROFILE
+from tests.helpers import REPO, SHIPPED_PROFILE, spotfill
 
 PROFILE = str(SHIPPED_PROFILE)
-
-
-def spotfill(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_predict_json():
@@ -167,7 +162,6 @@ def test_an_absurd_fastest_time_is_printed_in_three_digits_not_hundreds(tmp_path
     import json
 
     from tasks.cli.main import main
-    from tests.conftest import SHIPPED_PROFILE
 
     data = json.loads(SHIPPED_PROFILE.read_text())
     data["loss"]["gamma2"] = 1e150  # a typo's magnitude: every cluster takes about 1e150 s

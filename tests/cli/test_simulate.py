@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tasks.cli.main import main
-from tests.conftest import SHIPPED_PROFILE, REPO
+from tests.helpers import REPO, SHIPPED_PROFILE
 
 PROFILE = str(SHIPPED_PROFILE)
 G3_BANDS = "g3.8xlarge=4,g3.16xlarge=4"

@@ -7,8 +7,9 @@ from tasks.core.errors import UserInputError
 from tasks.planner import PlanRequest, solve
 from tasks.planner.offers import az_prefix, market_profile
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
-from tests.cli.test_plan import PROFILE, spotfill
+from tests.helpers import SHIPPED_PROFILE, spotfill
+
+PROFILE = str(SHIPPED_PROFILE)
 
 
 @pytest.fixture(scope="module")

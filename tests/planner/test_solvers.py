@@ -14,7 +14,7 @@ from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, build_problem
 from tasks.core.profile import load_profile, profile_from_dict
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,8 +12,8 @@ import pytest
 
 from tasks.core.errors import UserInputError
 from tasks.runtime.workloads import Workload, check_workload
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PLUGINS = ["regression", "classifier", "recurrent", "adam_cnn"]
 
 
