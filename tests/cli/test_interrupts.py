@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _wait_for(condition, timeout_s: float) -> bool:

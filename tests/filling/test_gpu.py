@@ -233,6 +233,7 @@ runpy.run_module("tasks.cli.main", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.integration
 @no_cuda
 def test_bench_gpu_without_cuda_is_one_line_exit_2_and_needs_neither_prefect_nor_boto3():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -328,6 +329,7 @@ def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_pa
     assert totals["compute_slowdown_max"] == pytest.approx(0.03)
 
 
+@pytest.mark.integration
 def test_train_section_stops_at_once_with_the_workers_last_words_when_they_all_exit(tmp_path):
     """A worker that cannot start (here: a fill config naming no known model) must not cost the
     check its 90 s wait for a first update: the section ends when no worker is left, with the

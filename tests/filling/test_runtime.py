@@ -48,6 +48,7 @@ def test_cuda_asked_for_without_a_device_is_a_clear_error():
         build_worker_filler({"device": "cuda"})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fill_config, device, fragment", [
     ('{"model": "cnn", "max_batch": 4096, "memory_budget_mb": 1}', "cpu",
      "inference model cnn needs ~"),

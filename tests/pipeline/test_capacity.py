@@ -13,7 +13,7 @@ from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.stages import load_request_profile, make_provider
 from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, alive_pids, t4_profile
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROFILE = str(LOCAL_QUICK_PROFILE)
 
 

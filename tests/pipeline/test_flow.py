@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import LOCAL_QUICK_PROFILE, REPO, SHIPPED_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROFILE = str(LOCAL_QUICK_PROFILE)
 TYPES = ["p3.2xlarge", "g3.8xlarge"]
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 

@@ -7,7 +7,7 @@ import pytest
 from tasks.pipeline.params import TrainRequest
 from tests.helpers import LOCAL_QUICK_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def request(tmp_path, **patch) -> TrainRequest:

@@ -178,6 +178,7 @@ def test_controller_decides_done_revocation_and_drift_once():
         Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
 
 
+@pytest.mark.integration  # importing Prefect's schedules runs `file` (platform.architecture)
 def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     import yaml
 

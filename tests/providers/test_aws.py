@@ -19,6 +19,7 @@ from tasks.providers.imds_watcher import Imds, check, tag_relay, watch
 from tasks.providers.plan_step import launch_step, takeover_counts
 from tests.helpers import PRICE_ARCHIVE
 
+pytestmark = pytest.mark.integration
 TYPES = ["g4dn.2xlarge", "g5.xlarge", "g5.2xlarge", "g5g.xlarge"]
 REGION = "us-east-1"
 

@@ -21,6 +21,7 @@ from tasks.providers.base import Startup
 from tasks.providers.plan_step import launch_step, takeover_counts
 from tests.helpers import PRICE_ARCHIVE, t4_profile
 
+pytestmark = pytest.mark.integration
 REGION = "us-east-1"
 LOSS_TARGET = 0.8
 DEADLINE_S = 6000.0

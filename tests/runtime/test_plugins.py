@@ -78,6 +78,7 @@ def test_the_guide_example_is_the_tested_plugin():
     assert _doc_example() == (REPO / "tests" / "plugins" / "regression.py").read_text()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_guide_example_trains_on_mixed_workers_from_a_folder_outside_the_repository(tmp_path):
     """As a user runs it: my_model.py in their own folder, the console script started there; the
@@ -105,6 +106,7 @@ def test_a_plugin_that_prints_and_reads_tensor_values_passes_the_checks_with_std
     assert out == "" and "building my model..." in err
 
 
+@pytest.mark.integration
 def test_training_whose_workers_all_exit_ends_at_once_with_exit_1_and_the_workers_last_words(tmp_path, capsys):
     """A worker whose batches run out dies; with none left the run cannot go on: `train` ends
     without waiting out --timeout-s, says why in one line and exits 1 (not 0, 'stopped by stop_file')."""
