@@ -1,9 +1,11 @@
 """Shared fixtures. Flow tests ask for `prefect_harness` (one ephemeral Prefect per session, in a
-temporary PREFECT_HOME); unit tests never start Prefect."""
+temporary PREFECT_HOME); unit tests never start Prefect, nor any other process or server (the
+lanes: tests/README.md). Shared constants and helpers are in tests/helpers.py."""
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,40 @@ os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["SPOTFILL_STATE_DIR"] = tempfile.mkdtemp(prefix="spotfill-state-")  # the run registry: not ~
 
-REPO = Path(__file__).resolve().parents[1]
-SHIPPED_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
+from tests.helpers import SHIPPED_PROFILE  # after PREFECT_HOME is set
+
+# How a process starts: subprocess (and asyncio's, os.popen), fork and spawn, multiprocessing.
+PROCESS_STARTS = ["subprocess.Popen.__init__", "os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp",
+                  "multiprocessing.process.BaseProcess.start"]
+# Session fixtures that start a server (a Prefect API in a process, moto in a thread).
+SERVER_FIXTURES = {"prefect_harness", "moto_endpoint"}
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request, monkeypatch):
+    """A test marked neither integration nor slow is a unit test: starting a process fails it, and
+    so does asking for a server fixture (fixtures wider than a test are set up before this one:
+    they are known by name). Marked tests, and what they set up, are left alone."""
+    if request.node.get_closest_marker("integration") or request.node.get_closest_marker("slow"):
+        yield
+        return
+    servers = sorted(SERVER_FIXTURES & set(request.fixturenames))
+    if servers:
+        pytest.fail(f"unit test started a server: mark it integration ({', '.join(servers)})", pytrace=False)
+    elsewhere = []  # attempts from other threads, where a failure would not reach the test
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                elsewhere.append(what)
+            pytest.fail(f"unit test started a process: mark it integration ({what})", pytrace=False)
+        return refused
+
+    for target in PROCESS_STARTS:
+        monkeypatch.setattr(target, refuse(target))
+    yield
+    if elsewhere:
+        pytest.fail(f"unit test started a process: mark it integration ({', '.join(elsewhere)})", pytrace=False)
 
 
 @pytest.fixture(scope="session")

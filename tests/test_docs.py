@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").glob("*.md")])
-CODE = sorted(p for d in ("tasks", "flows", "tests") for p in (ROOT / d).rglob("*.py")
+from tests.helpers import REPO
+
+DOCS = sorted([REPO / "README.md", REPO / "BENCHMARKS.md", *(REPO / "docs").glob("*.md")])
+CODE = sorted(p for d in ("tasks", "flows", "tests") for p in (REPO / d).rglob("*.py")
               if p.name != Path(__file__).name)
 
 # An absolute path on some machine: /work/..., /tmp/..., a home directory, ... (not a URL's path,
@@ -42,12 +43,12 @@ def exists(cited: str) -> bool:
     if "<" in cited:
         cited = cited[: cited.index("<")].rsplit("/", 1)[0]
     if any(c in cited for c in "*?["):
-        return bool(glob.glob(str(ROOT / cited)))
-    return (ROOT / cited).exists()
+        return bool(glob.glob(str(REPO / cited)))
+    return (REPO / cited).exists()
 
 
 def rel(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(REPO))
 
 
 @pytest.mark.parametrize("path", DOCS, ids=rel)
@@ -72,7 +73,7 @@ def test_code_cites_only_docs_that_exist():
         text = path.read_text()
         if OUTSIDE_IN_CODE.search(text):
             bad.append((rel(path), OUTSIDE_IN_CODE.search(text).group(0)))
-        bad += [(rel(path), doc) for doc in re.findall(r"\bdocs/[\w-]+\.md", text) if not (ROOT / doc).exists()]
+        bad += [(rel(path), doc) for doc in re.findall(r"\bdocs/[\w-]+\.md", text) if not (REPO / doc).exists()]
     assert not bad, f"code cites documents outside the repository or missing: {bad}"
 
 

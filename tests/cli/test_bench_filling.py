@@ -10,6 +10,7 @@ import pytest
 from tasks.cli.main import main
 from tasks.cli.args import positive_floats
 from tasks.bench import filling as bench
+from tests.helpers import fake_result
 
 
 def exit_status(argv: list[str]) -> int:
@@ -126,27 +127,3 @@ def test_rounds_go_on_past_the_planned_count_until_enough_requests_were_served()
     assert not bench._another_round(40, 10.0, 0, s)  # nor past max_rounds
     assert bench._another_round(2, 500.0, 0, s)  # the minimum rounds run even when slow
     assert not bench._another_round(3, 500.0, 0, s)
-
-
-def fake_result(rate: float) -> dict:
-    """A single-rate result shaped like _run_one's (numbers made up)."""
-    mode = {"training_retained": 0.99, "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03,
-            "fill_efficiency": 0.6, "spill_fraction": 0.1, "spill_share_of_training_time": 0.02,
-            "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3, "online_p50_s": 0.002,
-            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_wait_p95_s": 0.008, "online_served": 120,
-            "online_shed": 0, "guard_shrinks": 0}
-    modes = {m: dict(mode) for m in bench.MODES}
-    modes["naive"]["online_p95_s"] = 0.02
-    return {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,
-            "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03, "fill_efficiency": 0.6,
-            "spill_fraction": 0.1, "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3,
-            "online_p95_s": 0.01, "naive_online_p95_s": 0.02, "naive_split_online_p95_s": 0.02,
-            "online_p95_over_naive": 0.5, "modes": modes,
-            "solo_inference": {"offline_samples_per_s": 1600.0, "online_p50_s": 0.001,
-                               "online_p95_s": 0.002, "online_p99_s": 0.003},
-            "settings": {"device": "cpu", "device_name": "cpu", "compute_s": 0.02, "comm_s": 0.02,
-                         "rounds_run": 12, "block_steps": 6, "elapsed_s": 40.0,
-                         "training": "small-cnn", "training_batch": 64, "param_mb": 1.72,
-                         "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
-                         "fill_config": {"slo_s": 0.5, "model": "cnn"}},
-            "plot": None}

@@ -8,10 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tasks.cli.main import main
 from tasks.providers.local import LocalProvider
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 CRASHING_RUN = textwrap.dedent("""
     import os, sys
@@ -23,6 +24,7 @@ CRASHING_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_cleanup_command_terminates_a_crashed_local_run(tmp_path, capsys):
     subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=300, check=False)
     assert len(LocalProvider(artifacts_dir=tmp_path).describe("crashed-run")) == 1
@@ -33,8 +35,6 @@ def test_cleanup_command_terminates_a_crashed_local_run(tmp_path, capsys):
 
 
 def test_an_instance_table_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys):
-    import pytest
-
     from tasks.core.errors import UserInputError
 
     table = tmp_path / "r1" / "instances.json"
@@ -67,6 +67,7 @@ def _cleanup_terminated(tmp_path, capsys) -> int:
     return json.loads(capsys.readouterr().out)["terminated"]
 
 
+@pytest.mark.integration
 def test_a_row_whose_start_was_not_recorded_is_not_alive_and_its_pid_is_left_alone(tmp_path, capsys):
     """Such a child had exited when launch recorded it: its pid, gone, is no sign of life, and if
     the pid is another process's by now (the sleeper stands in for it) nothing is sent to it."""
@@ -88,6 +89,7 @@ def test_a_row_whose_start_was_not_recorded_is_not_alive_and_its_pid_is_left_alo
     assert LocalProvider(artifacts_dir=gone).describe("crashed-run") == []
 
 
+@pytest.mark.integration
 def test_a_hand_edited_table_of_another_run_does_not_stop_this_runs_cleanup(tmp_path, capsys):
     subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=REPO, timeout=300, check=False)
     good = json.loads((tmp_path / "crashed-run" / "instances.json").read_text())

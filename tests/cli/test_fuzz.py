@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.cli.main import main
-from tests.conftest import REPO, SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE, SOURCES
 
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -368,14 +368,14 @@ CATALOG_SOURCES = ["ec2-gpu-instances.json", "spot-advisor-data.json", "spot-pri
 @pytest.fixture(scope="module")
 def catalog_sources(sandbox):
     sources = sandbox / "inputs" / "sources"
-    shutil.copytree(REPO / "profiles" / "sources", sources)
+    shutil.copytree(SOURCES, sources)
     return sources
 
 
 @settings(FUZZ, max_examples=4)
 @given(victim=st.sampled_from(CATALOG_SOURCES), fraction=st.floats(min_value=0.0, max_value=0.99))
 def test_truncated_catalog_sources(sandbox, catalog_sources, victim, fraction):  # class 9
-    original = (REPO / "profiles" / "sources" / victim).read_bytes()
+    original = (SOURCES / victim).read_bytes()
     (catalog_sources / victim).write_bytes(original[:int(len(original) * fraction)])
     try:
         refuses(sandbox, ["catalog", "build", "--sources", str(catalog_sources),

@@ -7,16 +7,12 @@ from statistics import NormalDist
 
 import pytest
 
-from tests.conftest import REPO, SHIPPED_PROFILE
+from tests.helpers import REPO, SHIPPED_PROFILE, spotfill
 
 PROFILE = str(SHIPPED_PROFILE)
 
 
-def spotfill(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
-
-
+@pytest.mark.integration
 def test_predict_json():
     r = spotfill("predict", PROFILE, "--cluster", "g3.8xlarge=5,g3.16xlarge=3", "--loss", "0.8", "--json")
     assert r.returncode == 0, r.stderr
@@ -27,6 +23,7 @@ def test_predict_json():
     assert out["predicted_time_s"] == pytest.approx(2549.02, abs=0.05)
 
 
+@pytest.mark.integration
 def test_plan_json_and_human():
     r = spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "2000", "--json")
     assert r.returncode == 0, r.stderr
@@ -37,6 +34,7 @@ def test_plan_json_and_human():
     assert human.returncode == 0 and "predicted cost" in human.stdout and "heuristic" in human.stdout
 
 
+@pytest.mark.integration
 def test_plan_out_file_is_written(tmp_path):
     target = tmp_path / "plans" / "plan.json"
     r = spotfill("plan", PROFILE, "--loss", "0.8", "--deadline", "3000", "--out", str(target), "--json")
@@ -44,6 +42,7 @@ def test_plan_out_file_is_written(tmp_path):
     assert json.loads(target.read_text()) == json.loads(r.stdout) | {"solve_seconds": json.loads(target.read_text())["solve_seconds"]}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -77,6 +76,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.integration
 def test_malformed_profile_field_is_named(tmp_path):
     data = json.loads(SHIPPED_PROFILE.read_text())
     del data["instances"][1]["compute_time_s"]
@@ -86,6 +86,7 @@ def test_malformed_profile_field_is_named(tmp_path):
     assert r.returncode == 2 and "instances.1.compute_time_s: missing field" in r.stderr
 
 
+@pytest.mark.integration
 def test_cli_start_up_imports_neither_torch_nor_prefect():
     code = ("import sys; from tasks.cli.main import build_parser; build_parser(); "
             "print(sorted(m for m in ('torch', 'prefect', 'boto3') if m in sys.modules))")
@@ -93,6 +94,7 @@ def test_cli_start_up_imports_neither_torch_nor_prefect():
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("field, value, message", [
     ("kappa", 0.1, "loss.kappa: Input should be greater than or equal to 0.25"),
     ("kappa", 1.01, "loss.kappa: Input should be less than or equal to 1"),
@@ -109,6 +111,7 @@ def test_bad_model_form_is_named(tmp_path, field, value, message):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
 
 
+@pytest.mark.integration
 def test_interval_and_plan_at_the_upper_end(tmp_path):
     """A profile with a measured spread: predict gives [T / f, T * f]; plan --confidence meets the
     deadline at T * f and says what that costs over the plan for the centre."""
@@ -132,6 +135,7 @@ def test_interval_and_plan_at_the_upper_end(tmp_path):
     assert "confidence       90%: upper end" in human.stdout
 
 
+@pytest.mark.integration
 def test_a_fitted_profile_flags_extrapolation_and_plans_within_its_fitted_sizes(tmp_path):
     data = json.loads(SHIPPED_PROFILE.read_text()) | {"fit_quality": {"loss-curve": {"workers": [2, 6]}}}
     path = tmp_path / "fitted.json"
@@ -148,6 +152,7 @@ def test_a_fitted_profile_flags_extrapolation_and_plans_within_its_fitted_sizes(
     assert sum(shipped["plan"].values()) == 1 and "min_workers" not in shipped
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("field, value, fragment", [
     ("param_mb", 1e308, "iterations = inf; check the magnitudes of its fields"),
     ("uncertainty", {"time_log_sd": 1e308}, "gives an interval beyond any number"),
@@ -167,7 +172,6 @@ def test_an_absurd_fastest_time_is_printed_in_three_digits_not_hundreds(tmp_path
     import json
 
     from tasks.cli.main import main
-    from tests.conftest import SHIPPED_PROFILE
 
     data = json.loads(SHIPPED_PROFILE.read_text())
     data["loss"]["gamma2"] = 1e150  # a typo's magnitude: every cluster takes about 1e150 s

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tasks.cli.main import main
-from tests.conftest import SHIPPED_PROFILE, REPO
+from tests.helpers import REPO, SHIPPED_PROFILE
 
 PROFILE = str(SHIPPED_PROFILE)
 G3_BANDS = "g3.8xlarge=4,g3.16xlarge=4"
@@ -110,6 +110,7 @@ def test_a_type_with_quota_0_is_left_out_of_the_baselines_not_taken_for_every_qu
     assert set(policies) == POLICIES
 
 
+@pytest.mark.slow  # about 11 s
 def test_traces_that_revoke_without_end_stop_the_replay_with_one_line(capsys, tmp_path):
     """Two instances, one revoked every 10 s: each revocation re-plans, and the replay would run on."""
     trace = tmp_path / "p3-flood.csv"

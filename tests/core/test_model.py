@@ -5,7 +5,7 @@ import pytest
 
 from tasks.core.model import Model
 from tasks.core.profile import load_profile, profile_from_dict
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import load_profile, profile_from_dict
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 
 def shipped() -> dict:

@@ -8,7 +8,7 @@ from tasks.core.errors import UserInputError
 from tasks.market.hazards import band_hazard_per_h, stress_factor, type_hazards
 from tasks.core.traces import family_of, load_trace, load_traces
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 
 def write(tmp_path, name, text):

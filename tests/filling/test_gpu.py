@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +18,8 @@ from tasks.filling.attach import (CONFIG_ENV, FillConfig, assemble, check_memory
 from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 from tasks.bench.trainloop import TrainingJob
-from tests.cli.test_bench_filling import fake_result
+from tests.helpers import LOCAL_QUICK_PROFILE, REPO, fake_result
 
-REPO = Path(__file__).resolve().parents[2]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")
 
 
@@ -35,8 +33,7 @@ def test_bubble_is_the_push_and_pull_of_the_named_type():
 
 
 def test_a_type_with_its_own_required_bandwidth_uses_it():
-    profile = REPO / "profiles" / "transformer-lm-local-quick.json"
-    bubble_s = bench.profile_bubble_s(1.0, "p3.2xlarge", profile)
+    bubble_s = bench.profile_bubble_s(1.0, "p3.2xlarge", LOCAL_QUICK_PROFILE)
     assert bubble_s == pytest.approx(2 / 18.35745702237873 + 2 / 1e6)
 
 
@@ -236,6 +233,7 @@ runpy.run_module("tasks.cli.main", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.integration
 @no_cuda
 def test_bench_gpu_without_cuda_is_one_line_exit_2_and_needs_neither_prefect_nor_boto3():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -331,6 +329,7 @@ def test_run_report_sums_the_workers_harvest_and_keeps_the_worst_slowdown(tmp_pa
     assert totals["compute_slowdown_max"] == pytest.approx(0.03)
 
 
+@pytest.mark.integration
 def test_train_section_stops_at_once_with_the_workers_last_words_when_they_all_exit(tmp_path):
     """A worker that cannot start (here: a fill config naming no known model) must not cost the
     check its 90 s wait for a first update: the section ends when no worker is left, with the

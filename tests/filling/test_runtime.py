@@ -2,15 +2,20 @@
 (torch forward/backward + a timed communication wait) with real inference lanes."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from tasks.core.errors import UserInputError
-from tasks.filling.attach import (DisabledFiller, FillConfig, assemble, build_worker_filler,
+from tasks.filling.attach import (CONFIG_ENV, DisabledFiller, FillConfig, assemble, build_worker_filler,
                                   parse_fill_config)
 from tasks.filling.models import (MODEL_NAMES, InferenceWorkload, build_workload, forward_peak_bytes,
                                   memory_needed_mb)
 from tasks.bench.trainloop import TrainingJob
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize("field,value,fragment", [
@@ -43,6 +48,7 @@ def test_cuda_asked_for_without_a_device_is_a_clear_error():
         build_worker_filler({"device": "cuda"})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fill_config, device, fragment", [
     ('{"model": "cnn", "max_batch": 4096, "memory_budget_mb": 1}', "cpu",
      "inference model cnn needs ~"),
@@ -52,18 +58,10 @@ def test_cuda_asked_for_without_a_device_is_a_clear_error():
 def test_a_worker_with_filling_refuses_bad_inference_before_it_connects(fill_config, device, fragment):
     """`spotfill train`'s worker with --fill: the filler is checked before the worker reaches for
     its parameter server (none listens at the address given): one line, exit 2."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tasks.filling.attach import CONFIG_ENV
-
-    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tasks.runtime.worker", "--ps", "127.0.0.1:9", "--workload", "resnet20",
          "--batch-size", "2", "--device", device, "--fill", "--connect-timeout-s", "600"],
-        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo), CONFIG_ENV: fill_config},
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), CONFIG_ENV: fill_config},
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and fragment in proc.stderr, proc.stderr

@@ -1,8 +1,11 @@
 """The catalog refresh: live from the EC2 API (moto's server) with credentials, the shipped
 catalog without, and saying which."""
+import pytest
+
 from tasks.core.catalog import build_catalog
 
 
+@pytest.mark.integration
 def test_with_credentials_the_refresh_fetches_hardware_and_spot_prices(moto_endpoint):
     from flows.maintenance import build_catalog_task
 

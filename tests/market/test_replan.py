@@ -5,7 +5,7 @@ import pytest
 from tasks.market.replan import ReplanMemo, cheapest_or_fastest, fastest_result
 from tasks.planner import PlanRequest
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)
 

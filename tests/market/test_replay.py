@@ -12,7 +12,7 @@ from tasks.market.replay import Market, ReplayConfig, replay
 from tasks.core.model import Model
 from tasks.planner import PlanRequest, build_problem, fastest_time_s, solve
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)
 MODEL = Model.from_profile(PROFILE)

@@ -12,11 +12,10 @@ from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.setup import open_setup
 from tasks.pipeline.stages import load_request_profile
-from tests.conftest import REPO
-from tests.pipeline.test_flow import alive_pids
+from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, alive_pids, t4_profile
 
-pytestmark = pytest.mark.slow
-PROFILE = str(REPO / "profiles" / "transformer-lm-local-quick.json")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PROFILE = str(LOCAL_QUICK_PROFILE)
 
 
 def local_request(tmp_path, **patch) -> TrainRequest:
@@ -80,9 +79,8 @@ def test_a_type_short_on_aws_is_replanned_around(moto_endpoint, moto_amis, tmp_p
 
     from tasks.providers.aws import TAG_RUN
     from tasks.runtime.driver import TrainingRun
-    from tests.providers.test_aws_e2e import ARCHIVE, t4_profile
 
-    aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(ARCHIVE),
+    aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
            "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"], "on_demand_usd_per_h": {"c5.xlarge": 0.17}}
     types = ["g4dn.2xlarge", "g4dn.12xlarge"]
     request = TrainRequest.model_validate({

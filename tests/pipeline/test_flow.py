@@ -1,5 +1,4 @@
 """The main flow through the Prefect engine, on the local provider (real processes)."""
-import json
 import os
 import signal
 import subprocess
@@ -9,23 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import LOCAL_QUICK_PROFILE, REPO, SHIPPED_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
-PROFILE = str(REPO / "profiles" / "transformer-lm-local-quick.json")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PROFILE = str(LOCAL_QUICK_PROFILE)
 TYPES = ["p3.2xlarge", "g3.8xlarge"]
-
-
-def alive_pids(artifacts: Path) -> list[int]:
-    """Processes of any run under `artifacts` that still exist."""
-    pids = []
-    for table in artifacts.glob("*/instances.json"):
-        for row in json.loads(table.read_text())["instances"]:
-            if Path(f"/proc/{row['pid']}").exists():
-                stat = Path(f"/proc/{row['pid']}/stat").read_text().split()
-                if stat[2] != "Z":
-                    pids.append(row["pid"])
-    return pids
 
 
 def request(tmp_path, **patch):
@@ -76,7 +63,7 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
     (["--types", "p3.2xlarge,g4dn.4xlarge"], {}, "have different NICs"),
     ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not JSON"),
     ([], {"SPOTFILL_FILL_CONFIG": '{"max_batch": "x"}'}, "fill config: max_batch"),
-    (["--profile", str(REPO / "profiles" / "resnet110-cifar100.json")], {}, "was measured for workload 'resnet110-cifar100'"),
+    (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
     (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
      {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",
       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}, "no AWS credentials found"),

@@ -12,10 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.pipeline.test_flow import alive_pids
+from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
@@ -154,7 +153,7 @@ def start_served_run(api: str, deployment_id: str, runs_dir: Path, target_loss: 
     params = {"request": {
         "workload": "transformer-lm", "workload_options": {"seq_len": 16},
         "slo": {"target_loss": target_loss, "deadline_s": 600},
-        "profile": str(REPO / "profiles" / "transformer-lm-local-quick.json"),
+        "profile": str(LOCAL_QUICK_PROFILE),
         "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
         "artifacts_dir": str(runs_dir)}}
     return create_flow_run(api, deployment_id, params)
@@ -278,9 +277,8 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
 
     from tasks.providers.aws import TAG_RUN
     from tasks.providers.aws_sandbox import FAKE_CREDENTIALS
-    from tests.providers.test_aws_e2e import ARCHIVE
 
-    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text()) | {"workload": "resnet20"}
+    shipped = json.loads(SHIPPED_PROFILE.read_text()) | {"workload": "resnet20"}
     t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
     shipped["instances"] = [{**t4, "type": "g4dn.2xlarge", "quota": 4}, {**t4, "type": "g4dn.12xlarge", "gpus": 4, "quota": 1}]
     profile = tmp_path / "t4.json"
@@ -297,7 +295,7 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
             return found[0] if found else None
 
         dep = wait_until(deployment, 240, "the served train-with-slo deployment")
-        aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(ARCHIVE),
+        aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
                "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"]}
         params = {"request": {
             "workload": "resnet20", "slo": {"target_loss": 0.8, "deadline_s": 6000}, "profile": str(profile),

@@ -5,17 +5,15 @@ import json
 import pytest
 
 from tasks.pipeline.params import TrainRequest
-from tests.conftest import REPO
-from tests.pipeline.test_flow import alive_pids
+from tests.helpers import LOCAL_QUICK_PROFILE, alive_pids
 
-pytestmark = pytest.mark.slow
-PROFILE = REPO / "profiles" / "transformer-lm-local-quick.json"
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def request(tmp_path, **patch) -> TrainRequest:
     return TrainRequest.model_validate({
         "workload": "transformer-lm", "workload_options": {"seq_len": 16},
-        "slo": {"target_loss": 1.7, "deadline_s": 120}, "profile": str(PROFILE),
+        "slo": {"target_loss": 1.7, "deadline_s": 120}, "profile": str(LOCAL_QUICK_PROFILE),
         "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
         "artifacts_dir": str(tmp_path)} | patch)
 
@@ -78,7 +76,7 @@ def test_a_profile_measured_with_sharded_parameter_servers_runs_that_many(tmp_pa
     from tasks.pipeline.setup import open_setup
     from tasks.pipeline.stages import load_request_profile
 
-    sharded = json.loads(PROFILE.read_text()) | {"num_ps": 2}
+    sharded = json.loads(LOCAL_QUICK_PROFILE.read_text()) | {"num_ps": 2}
     path = tmp_path / "sharded.json"
     path.write_text(json.dumps(sharded))
     r = request(tmp_path, profile=str(path))

@@ -9,7 +9,7 @@ from tasks.pipeline.setup import resolve_setup
 from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
 from tasks.planner import PlanRequest
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import LOCAL_QUICK_PROFILE, SHIPPED_PROFILE
 
 GOOD = {"slo": {"target_loss": 1.2, "deadline_s": 60}, "candidates": {"types": ["p3.2xlarge"]}}
 
@@ -178,6 +178,7 @@ def test_controller_decides_done_revocation_and_drift_once():
         Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
 
 
+@pytest.mark.integration  # importing Prefect's schedules runs `file` (platform.architecture)
 def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     import yaml
 
@@ -284,10 +285,8 @@ def test_the_verdict_says_why_training_stopped_early(tmp_path):
 def test_run_with_a_profile_makes_its_first_plan_before_starting_anything(argv, fragment, tmp_path, capsys):
     """What the flow's plan task would refuse is refused before a Prefect server or a process starts."""
     from tasks.cli.main import main
-    from tests.conftest import REPO
 
-    status = main(["run", "--profile", str(REPO / "profiles" / "transformer-lm-local-quick.json"),
-                   "--artifacts", str(tmp_path), *argv])
+    status = main(["run", "--profile", str(LOCAL_QUICK_PROFILE), "--artifacts", str(tmp_path), *argv])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())

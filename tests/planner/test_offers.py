@@ -7,8 +7,9 @@ from tasks.core.errors import UserInputError
 from tasks.planner import PlanRequest, solve
 from tasks.planner.offers import az_prefix, market_profile
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
-from tests.cli.test_plan import PROFILE, spotfill
+from tests.helpers import SHIPPED_PROFILE, spotfill
+
+PROFILE = str(SHIPPED_PROFILE)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,7 @@ def test_existing_instances_name_offers(shipped):
         solve(PlanRequest(shipped, 0.8, 2600, regions=("us-east-1",), existing={"g3.8xlarge": 2}))
 
 
+@pytest.mark.integration
 def test_plan_regions_all_cli_never_costs_more_than_single_region():
     args = ["plan", PROFILE, "--loss", "0.8", "--deadline", "2600", "--json", "--regions"]
     everywhere, one = spotfill(*args, "all"), spotfill(*args, "us-east-1")
@@ -67,6 +69,7 @@ def test_plan_regions_all_cli_never_costs_more_than_single_region():
     assert {"estimated", "region", "spot_usd_per_h"} <= set(next(iter(a["offers"].values())))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("regions, message", [
     ("mars-north-1", "unknown region 'mars-north-1'"),
     ("us-west-2", "no spot price for p2.8xlarge in us-west-2"),

@@ -11,7 +11,7 @@ from tasks.core.profile import load_profile
 from tasks.pipeline.params import TrainRequest
 from tasks.planner import PlanRequest, build_problem, solve
 from tasks.planner.solvers import DEFAULT_SOLVER, SOLVERS, Solver, get_solver, register, solver_names
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 
 def test_the_table_lists_the_solvers_in_order_and_the_risk_solver_alone_uses_hazards():

@@ -8,7 +8,7 @@ from tasks.core.errors import InfeasibleError, UserInputError
 from tasks.planner.risk import Frontier, assess
 from tasks.planner import PlanRequest, build_problem, exact, solve
 from tasks.core.profile import load_profile
-from tests.conftest import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)
 STORMY = {"p3.2xlarge": 2.0, "g4dn.4xlarge": 2.0, "g3.8xlarge": 2.0, "g3.16xlarge": 2.0, "p2.8xlarge": 2.0}

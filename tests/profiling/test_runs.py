@@ -12,7 +12,7 @@ from tasks.profiling.single import param_mb, profile_type
 from tasks.profiling.workflow import ProfilingJob, profile_workload
 from tasks.providers.local import LocalProvider, _proc_start_ticks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 OPTIONS = {"seq_len": 8, "d_model": 16, "layers": 1, "heads": 2}
 

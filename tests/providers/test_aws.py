@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import uuid
-from pathlib import Path
 
 import boto3
 import pytest
@@ -18,8 +17,9 @@ from tasks.providers.aws_sandbox import ImdsStub, revoke
 from tasks.providers.base import QuotaError, Startup
 from tasks.providers.imds_watcher import Imds, check, tag_relay, watch
 from tasks.providers.plan_step import launch_step, takeover_counts
+from tests.helpers import PRICE_ARCHIVE
 
-ARCHIVE = Path(__file__).resolve().parents[2] / "profiles" / "sources" / "spot-prices-gpu-2022-05-31.tsv"
+pytestmark = pytest.mark.integration
 TYPES = ["g4dn.2xlarge", "g5.xlarge", "g5.2xlarge", "g5g.xlarge"]
 REGION = "us-east-1"
 
@@ -36,7 +36,7 @@ def make_provider(moto_endpoint, moto_amis, shared_session):
         fields = {
             "endpoint_url": moto_endpoint,
             "ami_ids": {"x86_64": moto_amis["x86_64"], "arm64": moto_amis["arm64"]},
-            "spot_price_archive": ARCHIVE,
+            "spot_price_archive": PRICE_ARCHIVE,
             "candidate_types": TYPES,
             "ssh_cidr": "203.0.113.0/24",
             **overrides,

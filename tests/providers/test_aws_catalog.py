@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from tasks.providers import aws_catalog
 from tasks.providers.aws import AwsConfig, client_token, load_aws_config, user_data_script
 from tasks.providers.aws_catalog import PriceRecord, price_stats
 from tasks.providers.base import Startup
+from tests.helpers import PRICE_ARCHIVE
 
-ARCHIVE = Path(__file__).resolve().parents[2] / "profiles" / "sources" / "spot-prices-gpu-2022-05-31.tsv"
 T0 = datetime(2022, 5, 31, tzinfo=timezone.utc)
 
 
@@ -50,7 +49,7 @@ def test_price_archive_rows_map_az_ids_to_this_accounts_zone_names():
     # The archive's us-east-1 rows for g5.xlarge: use1-az4 0.3477, use1-az2 0.3387, use1-az5 0.3382,
     # use1-az6 0.3701; an account that maps use1-az5 to us-east-1f sees the 0.3382 there.
     names = {"use1-az4": "us-east-1d", "use1-az2": "us-east-1c", "use1-az5": "us-east-1f", "use1-az6": "us-east-1a"}
-    records = aws_catalog.read_price_archive(ARCHIVE, names)
+    records = aws_catalog.read_price_archive(PRICE_ARCHIVE, names)
     g5 = {r.zone: r.price_usd_per_h for r in records if r.instance_type == "g5.xlarge"}
     assert g5 == {"us-east-1d": 0.3477, "us-east-1c": 0.3387, "us-east-1f": 0.3382, "us-east-1a": 0.3701}
     assert {r.zone for r in records} <= set(names.values())

@@ -9,38 +9,24 @@ Prices come from the provider's catalog (the 2022-05-31 us-east-1 archive), quot
 """
 from __future__ import annotations
 
-import json
 import uuid
-from pathlib import Path
 
 import boto3
 import pytest
 
 from tasks.planner import PlanRequest, solve
-from tasks.core.profile import profile_from_dict
 from tasks.providers.aws import TAG_RUN, AwsConfig, AwsProvider
 from tasks.providers.aws_sandbox import revoke, wait_for_event, watched_instance
-from tasks.providers.base import InstanceType, Startup
+from tasks.providers.base import Startup
 from tasks.providers.plan_step import launch_step, takeover_counts
+from tests.helpers import PRICE_ARCHIVE, t4_profile
 
-REPO = Path(__file__).resolve().parents[2]
-ARCHIVE = REPO / "profiles" / "sources" / "spot-prices-gpu-2022-05-31.tsv"
+pytestmark = pytest.mark.integration
 REGION = "us-east-1"
 LOSS_TARGET = 0.8
 DEADLINE_S = 6000.0
 NOTICE_AT_S, LOSS_AT_NOTICE = 2500.0, 1.5  # the scenario: where training stands when the notice comes
 POLL_S = 0.25  # orchestrator and watcher poll periods in this test (production default: 5 s)
-
-
-def t4_profile(types: dict[str, InstanceType], quotas: dict[str, int]):
-    shipped = json.loads((REPO / "profiles" / "resnet110-cifar100.json").read_text())
-    t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
-    shipped["instances"] = [
-        {**t4, "type": name, "gpus": types[name].gpus, "quota": quotas[name],
-         "spot_price": types[name].spot_usd_per_h, "on_demand_price": types[name].on_demand_usd_per_h}
-        for name in ("g4dn.2xlarge", "g4dn.12xlarge")
-    ]
-    return profile_from_dict(shipped, source="t4 test profile")
 
 
 def worker_counts(instances) -> dict[str, int]:
@@ -55,7 +41,7 @@ def test_plan_launch_notice_replan_takeover_cleanup(moto_endpoint, moto_amis):
     config = AwsConfig(
         endpoint_url=moto_endpoint,
         ami_ids=moto_amis,
-        spot_price_archive=ARCHIVE,
+        spot_price_archive=PRICE_ARCHIVE,
         candidate_types=["g4dn.2xlarge", "g4dn.12xlarge"],
         quotas={"g4dn.2xlarge": 4, "g4dn.12xlarge": 1},
         on_demand_usd_per_h={"c5.xlarge": 0.17},

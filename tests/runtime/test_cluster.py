@@ -12,7 +12,7 @@ from tasks.providers.local import LocalProvider, _proc_start_ticks
 from tasks.runtime import checkpoint, driver
 from tasks.runtime.telemetry import read_records
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WORKLOAD = "resnet20"
 OPTIONS = {"width": 4}

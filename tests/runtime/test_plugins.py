@@ -12,8 +12,8 @@ import pytest
 
 from tasks.core.errors import UserInputError
 from tasks.runtime.workloads import Workload, check_workload
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PLUGINS = ["regression", "classifier", "recurrent", "adam_cnn"]
 
 
@@ -51,14 +51,14 @@ def test_tuple_plugins_get_the_stated_defaults():
      "called sys.exit(2) while being imported: train.py: error: the following arguments are required: --data"),
 ])
 def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp_path, capsys, monkeypatch):
-    from tasks.cli.main import main as cli
+    from tasks.cli.main import main
     from tasks.providers.local import LocalProvider
 
     launched = []
     monkeypatch.setattr(LocalProvider, "launch", lambda *a, **k: launched.append(a))
     for argv in (["train", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--max-updates", "5"],
                  ["run", "--loss", "0.1", "--deadline", "120", "--artifacts", str(tmp_path)]):
-        status = cli.main([*argv, "--workload", spec])
+        status = main([*argv, "--workload", spec])
         out, err = capsys.readouterr()
         assert status == 2 and out == "" and launched == [], argv[0]
         assert err.startswith("spotfill: error: ") and message in err, argv[0]
@@ -78,6 +78,7 @@ def test_the_guide_example_is_the_tested_plugin():
     assert _doc_example() == (REPO / "tests" / "plugins" / "regression.py").read_text()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_guide_example_trains_on_mixed_workers_from_a_folder_outside_the_repository(tmp_path):
     """As a user runs it: my_model.py in their own folder, the console script started there; the
@@ -105,14 +106,15 @@ def test_a_plugin_that_prints_and_reads_tensor_values_passes_the_checks_with_std
     assert out == "" and "building my model..." in err
 
 
+@pytest.mark.integration
 def test_training_whose_workers_all_exit_ends_at_once_with_exit_1_and_the_workers_last_words(tmp_path, capsys):
     """A worker whose batches run out dies; with none left the run cannot go on: `train` ends
     without waiting out --timeout-s, says why in one line and exits 1 (not 0, 'stopped by stop_file')."""
-    from tasks.cli.main import main as cli
+    from tasks.cli.main import main
 
-    status = cli.main(["train", "--workload", "tests.plugins.broken:runs_out", "--workers", "p3.2xlarge=1",
-                       "--batch-size", "8", "--max-updates", "50", "--timeout-s", "600", "--json",
-                       "--artifacts", str(tmp_path)])
+    status = main(["train", "--workload", "tests.plugins.broken:runs_out", "--workers", "p3.2xlarge=1",
+                   "--batch-size", "8", "--max-updates", "50", "--timeout-s", "600", "--json",
+                   "--artifacts", str(tmp_path)])
     out, err = capsys.readouterr()
     assert status == 1 and json.loads(out)["stopped"] == "workers_gone"
     (line,) = [line for line in err.splitlines() if line.startswith("spotfill: ")]

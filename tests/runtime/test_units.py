@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,11 +169,8 @@ def test_telemetry_reader_tails_and_resets_on_resume(tmp_path):
 
 
 def _dead_pid() -> int:
-    import subprocess
-
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
+    """A pid no process has: pids stay below pid_max (no process started to get one)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
 
 
 def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):

@@ -15,8 +15,8 @@ import pytest
 from tasks.core.errors import UserInputError
 from tasks.providers.base import Startup
 from tasks.providers.local import LocalProvider, _proc_start_ticks, default_types
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SLEEPER = Startup(("python", "-c", "import time; time.sleep(120)"))
 GROUP = Startup(("bash", "-c", "sleep 120 & sleep 120 & wait"))
 TRACE = REPO / "profiles" / "traces" / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv"
@@ -57,6 +57,7 @@ def test_default_types_come_from_the_shipped_profile():
     assert speed["g4dn.4xlarge"] == pytest.approx(0.378964 / 1.201062)
 
 
+@pytest.mark.integration
 def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
     first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
     again = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
@@ -71,6 +72,7 @@ def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
     _wait(lambda: _group_gone(pids[1]))
 
 
+@pytest.mark.integration
 def test_capacity_limits_spot_launches(provider):
     provider.capacity["g3.8xlarge"] = 1
     result = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER)
@@ -81,6 +83,7 @@ def test_capacity_limits_spot_launches(provider):
         provider.launch("r", "p1", "x9.huge", 1, startup=SLEEPER)
 
 
+@pytest.mark.integration
 def test_notice_then_taken_at_the_deadline(provider):
     (instance,) = provider.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances
     notice = provider.inject_revocation("r", instance.instance_id, notice_s=0.5)
@@ -94,6 +97,7 @@ def test_notice_then_taken_at_the_deadline(provider):
     assert provider.poll_events("r") == []
 
 
+@pytest.mark.integration
 def test_trace_replay_revokes_at_scaled_times(provider):
     provider.launch("r", "p0", "g4dn.4xlarge", 2, startup=SLEEPER)
     # first drop in this real trace: 2 -> 1 live at 25529 s; 50000x faster is 0.51 s
@@ -105,6 +109,7 @@ def test_trace_replay_revokes_at_scaled_times(provider):
     assert events[0].kind == "revocation_notice" and events[0].deadline_s - events[0].at_s == pytest.approx(5.0)
 
 
+@pytest.mark.integration
 def test_cleanup_from_another_process_object(provider, tmp_path):
     provider.launch("r", "p0", "p3.2xlarge", 2, startup=SLEEPER)
     pids = [provider.pid_of("r", i.instance_id) for i in provider.describe("r")]
@@ -126,6 +131,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["raise", "sigint", "sigterm"])
 def test_no_process_outlives_its_starter(tmp_path, how):
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), how], cwd=REPO, stdout=subprocess.PIPE,
@@ -142,6 +148,7 @@ def test_no_process_outlives_its_starter(tmp_path, how):
     _wait(lambda: all(_group_gone(g) for g in pgids))
 
 
+@pytest.mark.integration
 def test_nic_bandwidth_is_megabytes_per_s_in_the_type_and_megabits_in_the_shaping(tmp_path):
     from tasks.core.catalog import load_catalog
 

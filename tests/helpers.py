@@ -1,0 +1,75 @@
+"""What several test modules share: the repository's paths and plain helpers (no fixtures: those
+live in conftest.py). Test modules import from here, never from one another."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tasks.core.profile import profile_from_dict
+from tasks.providers.base import InstanceType
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
+LOCAL_QUICK_PROFILE = REPO / "profiles" / "transformer-lm-local-quick.json"
+SOURCES = REPO / "profiles" / "sources"
+PRICE_ARCHIVE = SOURCES / "spot-prices-gpu-2022-05-31.tsv"
+
+
+def spotfill(*args: str) -> subprocess.CompletedProcess:
+    """`spotfill ARGS` as a real subprocess, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def alive_pids(artifacts: Path) -> list[int]:
+    """Processes of any run under `artifacts` that still exist."""
+    pids = []
+    for table in artifacts.glob("*/instances.json"):
+        for row in json.loads(table.read_text())["instances"]:
+            if Path(f"/proc/{row['pid']}").exists():
+                stat = Path(f"/proc/{row['pid']}/stat").read_text().split()
+                if stat[2] != "Z":
+                    pids.append(row["pid"])
+    return pids
+
+
+def t4_profile(types: dict[str, InstanceType], quotas: dict[str, int]):
+    """The shipped ResNet-110 profile moved onto the T4 types that moto and the price archive both
+    know: g4dn.2xlarge takes the measured g4dn.4xlarge's compute time (same single T4),
+    g4dn.12xlarge has four T4s; prices from `types`, quotas from `quotas`."""
+    shipped = json.loads(SHIPPED_PROFILE.read_text())
+    t4 = next(i for i in shipped["instances"] if i["type"] == "g4dn.4xlarge")
+    shipped["instances"] = [
+        {**t4, "type": name, "gpus": types[name].gpus, "quota": quotas[name],
+         "spot_price": types[name].spot_usd_per_h, "on_demand_price": types[name].on_demand_usd_per_h}
+        for name in ("g4dn.2xlarge", "g4dn.12xlarge")
+    ]
+    return profile_from_dict(shipped, source="t4 test profile")
+
+
+def fake_result(rate: float) -> dict:
+    """A single-rate result shaped like `spotfill bench filling`'s _run_one's (numbers made up)."""
+    from tasks.bench import filling as bench  # here, not at the top: it imports torch (about 2 s)
+
+    mode = {"training_retained": 0.99, "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03,
+            "fill_efficiency": 0.6, "spill_fraction": 0.1, "spill_share_of_training_time": 0.02,
+            "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3, "online_p50_s": 0.002,
+            "online_p95_s": 0.01, "online_p99_s": 0.02, "online_wait_p95_s": 0.008, "online_served": 120,
+            "online_shed": 0, "guard_shrinks": 0}
+    modes = {m: dict(mode) for m in bench.MODES}
+    modes["naive"]["online_p95_s"] = 0.02
+    return {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,
+            "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03, "fill_efficiency": 0.6,
+            "spill_fraction": 0.1, "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3,
+            "online_p95_s": 0.01, "naive_online_p95_s": 0.02, "naive_split_online_p95_s": 0.02,
+            "online_p95_over_naive": 0.5, "modes": modes,
+            "solo_inference": {"offline_samples_per_s": 1600.0, "online_p50_s": 0.001,
+                               "online_p95_s": 0.002, "online_p99_s": 0.003},
+            "settings": {"device": "cpu", "device_name": "cpu", "compute_s": 0.02, "comm_s": 0.02,
+                         "rounds_run": 12, "block_steps": 6, "elapsed_s": 40.0,
+                         "training": "small-cnn", "training_batch": 64, "param_mb": 1.72,
+                         "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
+                         "fill_config": {"slo_s": 0.5, "model": "cnn"}},
+            "plot": None}
