@@ -42,6 +42,7 @@ def test_the_profiling_job_carries_the_runs_rules(tmp_path):
     assert job.provenance_settings == {"preset": "quick"}
 
 
+@pytest.mark.integration  # saving a profile records the code version (git)
 def test_a_run_builds_one_provider_and_every_stage_uses_it(tmp_path, monkeypatch, providers_built):
     """The setup, the flow's profiling tasks (measurements made up), the fit, the session and its
     first plan: one LocalProvider in all, the setup's."""

@@ -54,6 +54,7 @@ def measured(monkeypatch) -> dict:
     return asked
 
 
+@pytest.mark.integration  # saving a profile records the code version (git)
 def test_spotfill_profile_runs_the_steps_in_order_and_then_reuses_the_profile(measured, tmp_path):
     provider, job = Provider(), ProfilingJob(PRESET, EMULATION, "local")
     stages = []
@@ -75,6 +76,7 @@ def test_spotfill_profile_runs_the_steps_in_order_and_then_reuses_the_profile(me
     assert len(measured["clusters"]) == 1  # nothing measured again
 
 
+@pytest.mark.integration  # saving a profile records the code version (git)
 def test_a_runs_job_trains_under_its_rule_writes_its_quotas_and_checks_its_target(measured, tmp_path):
     provider = Provider()
     job = ProfilingJob(PRESET, EMULATION, "local", async_rule="momentum", quotas={"fast": 3, "slow": 1},
