@@ -7,10 +7,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 
+from flows.train_with_slo import fit_model, profile_clusters, profile_type
 from tasks.core.atomic import atomic_write_json
+from tasks.core.catalog import build_catalog
 from tasks.pipeline import stages
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.setup import open_setup
+from tasks.providers.aws import AwsProvider, load_aws_config
+from tasks.providers.aws_catalog import merge_live
 
 
 @task(name="build-catalog")
@@ -18,10 +22,6 @@ def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
     """The shipped catalog, with the region's live hardware and spot prices laid over it when AWS
     credentials are at hand (`aws`: AwsConfig fields, e.g. endpoint_url); says which it is."""
     import boto3
-
-    from tasks.core.catalog import build_catalog
-    from tasks.providers.aws import AwsProvider, load_aws_config
-    from tasks.providers.aws_catalog import merge_live
 
     catalog = build_catalog()
     if boto3.session.Session(profile_name=aws.get("profile_name")).get_credentials() is None:
@@ -58,7 +58,6 @@ def profile_workload(request: TrainRequest) -> str:
 
     run_id = f"profile-{uuid.uuid4().hex[:8]}"
     run_dir = Path(request.artifacts_dir) / run_id
-    from flows.train_with_slo import fit_model, profile_clusters, profile_type
 
     setup = open_setup(request)
     measurements = profile_type.map(unmapped(setup), unmapped(run_id), request.candidates.types).result()

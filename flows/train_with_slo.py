@@ -27,6 +27,7 @@ from tasks.core.profile import Profile
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.report import stopped_report_markdown
 from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.setup import RunSetup, open_setup
 from tasks.planner import PlanResult
@@ -177,8 +178,6 @@ def publish_stopped_report(flow_run_id: uuid.UUID, summary: dict) -> None:
     context names the flow run, so the artifact names it explicitly."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
-
-    from tasks.pipeline.report import stopped_report_markdown
 
     with get_client(sync_client=True) as client:
         client.create_artifact(ArtifactCreate(

@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tasks.core.catalog import SOURCES
+from tasks.providers.aws_sandbox import fake_credentials, moto_server, stock_amis, wait_for_event, watched_instance
 from tasks.providers.base import Startup
 
 REGION = "us-east-1"
@@ -27,9 +29,7 @@ TYPES = ["g4dn.2xlarge", "g5.xlarge"]
 def run_bench(quick: bool) -> dict:
     import boto3
 
-    from tasks.core.catalog import SOURCES
-    from tasks.providers.aws import AwsConfig, AwsProvider
-    from tasks.providers.aws_sandbox import fake_credentials, moto_server, stock_amis, wait_for_event, watched_instance
+    from tasks.providers.aws import AwsConfig, AwsProvider  # deferred: boto3 (start-up cost)
 
     poll_periods_s = [1.0] if quick else [5.0, 1.0, 0.25]
     trials = 2 if quick else 4

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.bench.trainloop import TrainingJob
 from tasks.core.errors import UserInputError, error_line
+from tasks.core.profile import load_profile
 from tasks.filling.attach import FillConfig, assemble, check_memory_fits
 from tasks.filling.monitor import BubbleMonitor
-from tasks.bench.trainloop import TrainingJob
 
 MODES = ("naive", "naive_split", "rate_limited", "gated")
 ARTIFACT = Path("artifacts") / "filling_bench.png"
@@ -78,8 +79,6 @@ def profile_bubble_s(param_mb: float, instance_type: str = INSTANCE_TYPE, profil
                      scale: float = 1.0) -> float:
     """Push + pull time of one worker of `instance_type` for S = `param_mb` MB, from the profile's
     bandwidths: 2 * S / Breq (the type's own Breq when its entry has one) + 2 * g * S / Bpcie."""
-    from tasks.core.profile import load_profile
-
     if not 0 < scale <= MAX_BUBBLE_SCALE:
         raise UserInputError(f"--bubble-scale must be > 0 and at most {MAX_BUBBLE_SCALE:g}, got {scale:g}")
     profile = load_profile(profile_path)

@@ -29,8 +29,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tasks.core.errors import UserInputError, error_line
 from tasks.bench import filling as filling_bench
+from tasks.bench.runtime import run_runtime_bench
+from tasks.bench.trainloop import TrainingJob
+from tasks.core.errors import UserInputError, error_line
+from tasks.filling.attach import CONFIG_ENV, check_memory_fits, parse_fill_config, read_worker_metrics
+from tasks.profiling.memory import measure_memory
+from tasks.providers.local import LocalProvider, REPO
+from tasks.runtime import driver
 
 # key of the filling result -> (comparison, threshold): the issue's targets on a GPU
 TARGETS = {
@@ -70,8 +76,6 @@ def preflight() -> None:
     """Refuse (one line) before any work: no CUDA device, or inference models that do not fit the
     GPU's free memory (the bench's fillers, one per mode plus inference alone; then the train
     section's workers)."""
-    from tasks.filling.attach import check_memory_fits, parse_fill_config
-
     _require_cuda()
     check_memory_fits(filling_bench.bench_config("cuda"), copies=len(filling_bench.MODES) + 1)
     check_memory_fits(parse_fill_config({**TRAIN_FILL, "device": "cuda"}), copies=TRAIN_WORKERS)
@@ -128,8 +132,6 @@ def filling_summary(result: dict) -> dict:
 
 
 def runtime_section(*, left_s: float = math.inf) -> dict:
-    from tasks.bench.runtime import run_runtime_bench
-
     # The overhead cases at GPU sizes; not the scaling curves: they pad compute to an emulated
     # time (no GPU needed) and would take minutes of the check's budget. No case starts once the
     # profile and train sections would be left less than RUNTIME_LEAVES_S.
@@ -149,9 +151,7 @@ def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, s
     """Step time (median of `steps` after one warm-up) and peak memory per batch size, the memory
     fit and the largest power-of-two batch the GPU's memory admits (`device` cpu: a dry run of
     the same code, memory as tasks.profiling.memory counts it there, 'GPU memory' = 16 GB)."""
-    from tasks.bench.trainloop import TrainingJob
-    from tasks.profiling.fit import fit_memory, max_batch_per_gpu
-    from tasks.profiling.memory import measure_memory
+    from tasks.profiling.fit import fit_memory, max_batch_per_gpu  # deferred: scipy (start-up cost)
 
     torch = _require_cuda() if device == "cuda" else None
     step_ms = {}
@@ -183,9 +183,6 @@ def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLO
     update and the window end TRAIN_STOP_S before it (a shorter window says so in `window_s`)."""
     if device == "cuda":
         _require_cuda()
-    from tasks.filling.attach import CONFIG_ENV, read_worker_metrics
-    from tasks.providers.local import REPO, LocalProvider
-    from tasks.runtime import driver
 
     end_s = time.monotonic() + left_s - TRAIN_STOP_S
     provider = LocalProvider(artifacts_dir or REPO / "artifacts", bandwidth_scale=TRAIN_BANDWIDTH_SCALE)
@@ -230,8 +227,6 @@ def _wait_while_workers_live(run, provider, workers, condition, timeout_s: float
     """driver.wait_for, but give up at once, with the last line of a dead worker's log, when none
     of `workers` is alive any more (a worker that failed to start would otherwise cost the whole
     timeout of a check that has minutes)."""
-    from tasks.runtime import driver
-
     ids = {w.instance_id for w in workers}
 
     def done_or_dead(progress) -> bool:

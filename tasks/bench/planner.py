@@ -15,13 +15,16 @@ import time
 
 import numpy as np
 
+from tasks.core.catalog import REPO
+from tasks.core.profile import load_profile
+from tasks.core.progress import ProgressBar
 from tasks.planner import exact
-from tasks.planner.exact import composition_count
 from tasks.planner.brute import solve_brute_force
+from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
+from tasks.planner.offers import market_profile
 from tasks.planner.problem import COST_TIE_REL, PlanRequest, build_problem
 from tasks.planner.synthetic import extend_profile
-from tasks.core.progress import ProgressBar
 
 CASES = [(5, 10), (5, 50), (7, 10), (7, 50), (20, 20), (40, 100)]
 MARKET_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "ap-northeast-1")
@@ -45,8 +48,6 @@ def _median_time_s(fn, repeats: int) -> tuple[float, object, float]:
 
 def market_case_profile(base):
     """The shipped profile's GPU models across MARKET_REGIONS, MARKET_QUOTA per offer."""
-    from tasks.planner.offers import market_profile
-
     market, _ = market_profile(base, MARKET_REGIONS, {}, require_prices=False)
     market = market.model_copy(update={"workload": f"{base.workload}-market", "instances": [
         i.model_copy(update={"quota": MARKET_QUOTA}) for i in market.instances]})
@@ -62,9 +63,6 @@ def _brute_rate_per_s(problem) -> float:
 
 
 def run_bench(quick: bool = False) -> dict:
-    from tasks.core.profile import load_profile
-    from tasks.core.catalog import REPO
-
     base = load_profile(REPO / "profiles" / "resnet110-cifar100.json")
     repeats = 3 if quick else 5
     rows = []

@@ -35,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.providers.local import REPO, LocalProvider
-from tasks.runtime import driver
+from tasks.runtime import driver, wire
 from tasks.runtime.pieces import PIECE_MB
 from tasks.runtime.telemetry import read_records
+from tasks.runtime.worker import WorkerConfig, device_batches, run_worker
+from tasks.runtime.workloads import build_workload
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,6 @@ def plain_loop(case: Case, device: str):
     come the way the worker gets them (worker.device_batches)."""
     import torch
 
-    from tasks.runtime.worker import device_batches
-    from tasks.runtime.workloads import build_workload
-
     workload = build_workload(case.workload, case.options)
     model = workload.model.to(device)
     optimizer = workload.make_optimizer(model.parameters())
@@ -121,8 +120,6 @@ def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str =
     the first step of each is warm-up and not counted. A runtime step is compute + push + pull,
     from one step's end of communication to the next."""
     import torch
-
-    from tasks.runtime.worker import WorkerConfig, run_worker
 
     torch.set_num_threads(1)
     plain = plain_loop(case, device)
@@ -166,8 +163,6 @@ def loopback_gbps(nbytes: int, repeats: int = 5) -> float:
 
     import torch
     from torch.distributed import PrefixStore, ProcessGroupGloo
-
-    from tasks.runtime import wire
 
     port = driver.free_port()
     store = wire.host_store(port, 60)
@@ -273,9 +268,6 @@ def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float, n
     """Samples/s of the cluster at each worker count (ascending; workers are added to reach the
     next count, launched together) with `num_ps` PS shards, and the parameter megabytes moved per
     push (and per pull)."""
-    from tasks.runtime import wire
-    from tasks.runtime.workloads import build_workload
-
     param_mb = wire.flat_size(build_workload(SCALING_WORKLOAD, SCALING_OPTIONS).model) * 4 / 1e6
     provider = LocalProvider(artifacts, reference_compute_s=REFERENCE_COMPUTE_S, bandwidth_scale=None)
     run = driver.start_run(provider, f"scaling-k{num_ps}", SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
@@ -331,9 +323,6 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     """The whole benchmark as a dict: the overhead cases for `device` ("cpu" or "cuda") and, with
     `scaling`, the throughput curves with k = 1 and k = 2 PS shards. No case starts once `max_s`
     have passed (a check with a time budget); those left out are named under "skipped"."""
-    from tasks.runtime import wire
-    from tasks.runtime.workloads import build_workload
-
     artifacts = REPO / "artifacts" / "bench-runtime"
     runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
     started_s = time.monotonic()

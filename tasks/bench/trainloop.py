@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from tasks.core.phases import PhaseListener
+from tasks.filling.executor import training_stream
+from tasks.runtime.workloads import build_workload
 
 BATCHES_KEPT = 8  # distinct batches, made before the loop and cycled (data generation is not compute)
 
@@ -52,8 +54,6 @@ class TrainingJob:
         self.send_buffer = torch.empty(sum(p.numel() for p in self.model.parameters()))
         self.stream = None
         if device != "cpu":
-            from tasks.filling.executor import training_stream
-
             self.stream = training_stream(device)  # first: it refuses cleanly without CUDA
             self.model.to(device)
             batches = [(x.to(device), y.to(device)) for x, y in batches]
@@ -68,8 +68,6 @@ class TrainingJob:
     def from_workload(cls, spec: str, options: dict | None, batch: int, device: str = "cpu",
                       seed: int = 0) -> "TrainingJob":
         """One of the runtime's workloads (tasks.runtime.workloads), e.g. resnet110-cifar100."""
-        from tasks.runtime.workloads import build_workload
-
         workload = build_workload(spec, options or {})
         made = list(itertools.islice(workload.batches(batch, seed), BATCHES_KEPT))
         return cls(batch, seed=seed, device=device, model=workload.model.train(), batches=made,

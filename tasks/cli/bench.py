@@ -11,6 +11,7 @@ import argparse
 import importlib
 
 from tasks.cli.args import batch_size, positive_float, positive_floats
+from tasks.cli.output import print_json
 from tasks.core.errors import UserInputError
 
 BENCHES = {
@@ -48,8 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tasks.cli.output import print_json
-
     options = {}
     for dest, (flag, bench, keyword) in BENCH_OPTIONS.items():
         value = getattr(args, dest, None)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from tasks.cli import args as cli_args
+from tasks.core.atomic import atomic_write_json
 from tasks.core.catalog import CATALOG, SOURCES, build_catalog
 from tasks.core.errors import UserInputError
 from tasks.providers.base import catalog_instance_types
@@ -24,8 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from tasks.core.atomic import atomic_write_json
-
     if Path(args.out).resolve().parent == Path(args.sources).resolve():  # the sources' own folder
         raise UserInputError(f"--out {args.out} is inside --sources {args.sources}: the catalog would mix with "
                              "(or replace) the files it is built from")

@@ -14,8 +14,12 @@ import argparse
 from pathlib import Path
 
 from tasks.cli import args as cli_args
+from tasks.cli.output import print_json
+from tasks.core.errors import UserInputError
+from tasks.core.inputs import read_json
 from tasks.providers import run_registry
 from tasks.providers.cleanup import cleanup_run
+from tasks.providers.local import TABLE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,9 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _aws_config(args: argparse.Namespace) -> dict:
-    from tasks.core.errors import UserInputError
-
-    from tasks.core.inputs import read_json
 
     data: dict = {}
     if args.config is not None:
@@ -55,16 +56,11 @@ def _aws_config(args: argparse.Namespace) -> dict:
 
 def _local_artifacts(run_id: str, given: Path | None) -> Path | None:
     """The artifacts folder that holds local run `run_id`, or None if none does."""
-    from tasks.providers.local import TABLE
-
     candidates = [given] if given is not None else [run_registry.artifacts_dir_of(run_id), Path("artifacts")]
     return next((folder for folder in filter(None, candidates) if (folder / run_id / TABLE).is_file()), None)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tasks.cli.output import print_json
-    from tasks.core.errors import UserInputError
-
     local_hint = args.artifacts is not None or run_registry.artifacts_dir_of(args.run_id)
     provider_name = args.provider or ("local" if local_hint else "aws")
     for_other = ([flag for flag, given in (("--region", args.region), ("--config", args.config),

@@ -4,6 +4,15 @@ from __future__ import annotations
 import argparse
 
 from tasks.cli import args as cli_args
+from tasks.cli.output import print_json
+from tasks.core.atomic import atomic_write_json
+from tasks.core.errors import UserInputError
+from tasks.core.intervals import DEFAULT_LEVEL, check_level, time_interval_s
+from tasks.core.model import Model
+from tasks.core.profile import load_profile
+from tasks.planner import PlanRequest, solve
+from tasks.planner.offers import parse_regions
+from tasks.planner.problem import require_training
 from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 
 
@@ -51,21 +60,12 @@ def require_finite(values: dict, source: str) -> None:
     with (a param_mb of 1e308, say): say so, never print it as an answer."""
     import math
 
-    from tasks.core.errors import UserInputError
-
     for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UserInputError(f"{source}: its numbers give {name} = {value}; check the magnitudes of its fields")
 
 
 def predict(args: argparse.Namespace) -> int:
-    from tasks.cli.output import print_json
-    from tasks.core.errors import UserInputError
-    from tasks.core.intervals import DEFAULT_LEVEL, check_level, time_interval_s
-    from tasks.core.model import Model
-    from tasks.planner.problem import require_training
-    from tasks.core.profile import load_profile
-
     if args.level is not None:
         check_level(args.level, "--level")
     profile = load_profile(args.profile)
@@ -115,13 +115,6 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from tasks.core.atomic import atomic_write_json
-    from tasks.cli.output import print_json
-    from tasks.planner import PlanRequest, solve
-    from tasks.planner.offers import parse_regions
-    from tasks.core.errors import UserInputError
-    from tasks.core.profile import load_profile
-
     if args.out and args.out.exists() and args.out.samefile(args.profile):
         raise UserInputError(f"--out {args.out} is the profile this plan reads: it would be replaced by the plan")
     request = PlanRequest(

@@ -5,7 +5,13 @@ import argparse
 from pathlib import Path
 
 from tasks.cli import args as cli_args
-from tasks.cli.output import runtime_errors_in_one_line
+from tasks.cli.output import print_json, runtime_errors_in_one_line
+from tasks.core.errors import UserInputError
+from tasks.core.profile import load_profile
+from tasks.core.progress import ProgressBar
+from tasks.profiling.measurements import cluster_label
+from tasks.profiling.presets import FULL, QUICK, local_provider
+from tasks.profiling.validate import validate_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,8 +48,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _setup(args):
     import dataclasses
 
-    from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import parse_options
+    from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -58,7 +63,7 @@ def _setup(args):
     if args.profile_budget_s is not None:
         changes["cluster_budget_s"] = args.profile_budget_s
     preset = dataclasses.replace(preset, **changes)
-    from tasks.runtime.workloads import check_workload  # torch: only once a verb runs
+    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
 
     check_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
@@ -66,8 +71,6 @@ def _setup(args):
 
 
 def _profile(args) -> int:
-    from tasks.cli.output import print_json
-
     preset, provider, emulation = _setup(args)
     path, summary = _profile_with_progress(provider, emulation, preset, args.profiles_dir,
                                            force=args.force)
@@ -84,13 +87,6 @@ def _profile(args) -> int:
 
 def _validate(args) -> int:
     import time
-
-    from tasks.cli.output import print_json
-    from tasks.core.errors import UserInputError
-    from tasks.core.profile import load_profile
-    from tasks.profiling.measurements import cluster_label
-    from tasks.profiling.validate import validate_profile
-    from tasks.core.progress import ProgressBar
 
     started_s = time.monotonic()
     if args.profile is not None:  # the profile is validated as it is: profiling settings would do nothing
@@ -144,8 +140,7 @@ def _validate(args) -> int:
 def _profile_with_progress(provider, emulation, preset, directory, force=False):
     """profile_workload with a progress bar of its stages (a cached profile finishes at once).
     The preset's job alone: the runtime's default async rule, default quotas, no loss target."""
-    from tasks.profiling.workflow import PROFILING_STAGES, ProfilingJob, profile_workload
-    from tasks.core.progress import ProgressBar
+    from tasks.profiling.workflow import PROFILING_STAGES, ProfilingJob, profile_workload  # deferred: scipy (start-up cost)
 
     with ProgressBar(len(PROFILING_STAGES), f"profile {preset.name}") as bar:
         return profile_workload(provider, ProfilingJob(preset, emulation, provider.name), directory=directory,

@@ -7,9 +7,22 @@ import argparse
 import json
 
 from tasks.cli import args as cli_args
-from tasks.cli.output import runtime_errors_in_one_line
+from tasks.cli.output import print_json, runtime_errors_in_one_line
+from tasks.cli.prefect_server import temporary_server
+from tasks.core.errors import UserInputError
+from tasks.core.profile import format_validation_error
+from tasks.core.progress import ProgressBar
+from tasks.core.traces import load_trace, trace_path
+from tasks.filling.attach import check_device, worker_fill_config
+from tasks.pipeline import stages
+from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.plugin_policy import allow_local_user
+from tasks.pipeline.session import TrainingSession
+from tasks.pipeline.stages import load_request_profile
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
+from tasks.profiling.presets import local_nic_mbytes_per_s
+from tasks.providers.local import default_types
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset.
@@ -73,8 +86,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def demo_request(artifacts_dir: str = "artifacts"):
     """The README's main job: a small built-in workload, three local types, one replayed trace."""
-    from tasks.pipeline.params import TrainRequest
-
     return TrainRequest.model_validate({
         "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
         "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
@@ -102,9 +113,7 @@ def market_defaults(args: argparse.Namespace, types: list[str]) -> dict:
 def build_request(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from tasks.core.errors import UserInputError
-    from tasks.pipeline.params import TrainRequest
-    from tasks.runtime.workloads import parse_options
+    from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
     if args.trace is None:  # the demo's trace on the local provider; AWS revokes on its own
         args.trace = DEMO["trace"] if args.provider == "local" else ""
@@ -128,29 +137,21 @@ def build_request(args: argparse.Namespace):
             "artifacts_dir": str(args.artifacts),
         }, context={"local_user": True})  # the local user may run any plug-in (tasks/pipeline/plugin_policy.py)
     except ValidationError as err:
-        from tasks.core.profile import format_validation_error
-
         raise UserInputError(format_validation_error(err, "run parameters")) from None
 
 
 def check_request(request) -> None:
     """Everything `run` can check before it starts a Prefect server or a process: the workload and
     its options, the profile, the trace, the candidate types (local); the cheap checks first."""
-    from tasks.core.errors import UserInputError
-    from tasks.pipeline.setup import resolve_setup
+    from tasks.pipeline.setup import resolve_setup  # deferred: boto3, scipy (start-up cost)
 
     setup = resolve_setup(request)  # what the flow resolves again at its start, less the provider
     if request.profile is not None:
         check_first_plan(setup)
     local = request.provider.name == "local"
     if local and request.provider.revocations.trace:
-        from tasks.core.traces import load_trace, trace_path
-
         load_trace(trace_path(request.provider.revocations.trace))
     if local:
-        from tasks.profiling.presets import local_nic_mbytes_per_s
-        from tasks.providers.local import default_types
-
         offered = [t.name for t in default_types()[0]]
         unknown = [t for t in request.candidates.types if t not in offered]
         if unknown:
@@ -159,13 +160,12 @@ def check_request(request) -> None:
     else:
         check_aws_credentials(setup.aws)
     if request.filling.enabled:  # the workers' filler reads $SPOTFILL_FILL_CONFIG over these: refuse a bad one now
-        from tasks.filling.attach import check_device, worker_fill_config
 
         fill = worker_fill_config({"online_rate_per_s": request.filling.online_rate_per_s,
                                    "slo_s": request.filling.online_slo_s})
         if local:
             check_device(fill)
-    from tasks.runtime.workloads import check_workload  # torch: only once a verb runs
+    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
 
     check_workload(request.workload, request.workload_options)  # builds the model, trains one step
 
@@ -177,10 +177,6 @@ def check_first_plan(setup) -> None:
     The setup has no provider here, so no prices: the budget cap is the flow's to check."""
     from pathlib import Path
 
-    from tasks.core.errors import UserInputError
-    from tasks.pipeline.session import TrainingSession
-    from tasks.pipeline.stages import load_request_profile
-
     session = TrainingSession(setup, load_request_profile(setup.request), run_id="check", run_dir=Path("."))
     if not any(session.quota.values()):
         raise UserInputError("every candidate type's quota is 0: no instance can be provisioned")
@@ -191,8 +187,7 @@ def check_aws_credentials(config) -> None:
     """Credentials boto3 can find for the run's AwsConfig (no call to AWS is made)."""
     import boto3
 
-    from tasks.core.errors import UserInputError
-    from tasks.providers.aws import NO_CREDENTIALS, aws_errors
+    from tasks.providers.aws import NO_CREDENTIALS, aws_errors  # deferred: boto3 (start-up cost)
 
     with aws_errors(config.region):
         credentials = boto3.Session(profile_name=config.profile_name, region_name=config.region).get_credentials()
@@ -216,8 +211,6 @@ def startup_timeout_from_env() -> float:
     bad value is named rather than left to a float() deep in the start-up."""
     import os
 
-    from tasks.core.errors import UserInputError
-
     text = os.environ[STARTUP_TIMEOUT_ENV]
     try:
         return cli_args.duration_s(text)
@@ -227,9 +220,6 @@ def startup_timeout_from_env() -> float:
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from tasks.pipeline.plugin_policy import allow_local_user
-    from tasks.cli.prefect_server import temporary_server
 
     prefect_defaults()
     startup_timeout_s = startup_timeout_from_env()  # the cheap check first
@@ -241,9 +231,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_flow(request, args: argparse.Namespace) -> int:
-    from flows.train_with_slo import train_with_slo
-    from tasks.pipeline import stages
-    from tasks.core.progress import ProgressBar
+    from flows.train_with_slo import train_with_slo  # deferred: boto3, prefect, scipy (start-up cost)
 
     bar = ProgressBar(100, "training")
 
@@ -258,8 +246,6 @@ def _run_flow(request, args: argparse.Namespace) -> int:
         bar.close()
         stages.PROGRESS_LISTENERS.remove(show)
     if args.json:
-        from tasks.cli.output import print_json
-
         print_json(json.loads(json.dumps(summary, default=str)))
     else:
         print(summary["verdict"])

@@ -6,9 +6,13 @@ import argparse
 from pathlib import Path
 
 from tasks.cli import args as cli_args
-from tasks.cli.output import runtime_errors_in_one_line
-from tasks.core.limits import env_limit
 from tasks.cli.args import counts, duration_s, positive_float, positive_int
+from tasks.cli.output import print_json, runtime_errors_in_one_line
+from tasks.core.errors import UserInputError
+from tasks.core.limits import env_limit
+from tasks.core.progress import ProgressBar
+from tasks.core.traces import load_trace
+from tasks.providers.local import LocalProvider
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # Local workers are processes on this machine: more than this is a typo that would swamp it.
@@ -55,12 +59,8 @@ def _train(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from tasks.cli.output import print_json
-    from tasks.core.errors import UserInputError
-    from tasks.core.progress import ProgressBar
-    from tasks.providers.local import LocalProvider
-    from tasks.runtime import checkpoint, driver
-    from tasks.runtime.workloads import parse_options
+    from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
+    from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
     # Every input is checked before the first process starts.
     n_workers = sum(args.workers.values())
@@ -77,15 +77,13 @@ def _train(args: argparse.Namespace) -> int:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
     options = parse_options(args.workload_opt)
     if args.trace:
-        from tasks.core.traces import load_trace
-
         load_trace(args.trace)
     else:
         given = [flag for flag, value in (("--trace-time-scale", args.trace_time_scale), ("--notice-s", args.notice_s))
                  if value is not None]
         if given:
             raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
-    from tasks.runtime.workloads import check_workload  # torch: only once a verb runs
+    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
 
     check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.core.errors import UserInputError
+from tasks.core.inputs import loads_json, read_text
 from tasks.core.limits import max_count
 
 
@@ -166,8 +167,6 @@ def profile_from_dict(data: Any, source: str = "profile") -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    from tasks.core.inputs import loads_json, read_text
-
     path = Path(path)
     data = loads_json(read_text(path, "profile"), str(path))
     return profile_from_dict(data, source=str(path))

@@ -13,9 +13,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tasks.core.atomic import atomic_write_json
 from tasks.core.errors import UserInputError
 from tasks.core.phases import NoListener
 from tasks.core.profile import format_validation_error
+from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
+from tasks.filling.filler import Filler
+from tasks.filling.gate import Gate
+from tasks.filling.guard import StepTimeGuard
+from tasks.filling.monitor import BubbleMonitor
+from tasks.filling.scheduler import CostModel, OnlineQueue, PoissonArrivals, Scheduler
 
 Policy = Literal["gated", "naive", "naive_split", "rate_limited"]
 
@@ -83,7 +90,7 @@ def check_memory_fits(config: FillConfig, workload=None, copies: int = 1) -> Non
     """UserInputError (one line) unless `copies` fillers of `config` fit the memory left for
     inference (available_memory_mb); the need is estimated on the CPU (models.memory_needed_mb),
     so nothing has touched the GPU when it refuses."""
-    from tasks.filling.models import build_workload, memory_needed_mb
+    from tasks.filling.models import build_workload, memory_needed_mb  # deferred: torch (start-up cost)
 
     check_device(config)
     workload = workload or build_workload(config.model, config.dataset_size, config.seed)
@@ -110,14 +117,8 @@ def online_max_wait(config: FillConfig) -> float:
 
 def assemble(config: FillConfig, policy: Policy = "gated"):
     """Build (not start) a filler for `policy`; checks the device and the memory first."""
-    from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
-    from tasks.filling.executor import CpuExecutor, CudaExecutor
-    from tasks.filling.filler import Filler
-    from tasks.filling.gate import Gate
-    from tasks.filling.guard import StepTimeGuard
-    from tasks.filling.models import build_workload
-    from tasks.filling.monitor import BubbleMonitor
-    from tasks.filling.scheduler import CostModel, OnlineQueue, PoissonArrivals, Scheduler
+    from tasks.filling.executor import CpuExecutor, CudaExecutor  # deferred: torch (start-up cost)
+    from tasks.filling.models import build_workload  # deferred: torch (start-up cost)
 
     check_device(config)
     workload = build_workload(config.model, config.dataset_size, config.seed)
@@ -187,7 +188,7 @@ def build_worker_filler(config: FillConfig | dict):
     filler.calibrate()
     filler.start()
     if config.device == "cuda":
-        from tasks.filling.cuda_timing import DeviceTimedPhases
+        from tasks.filling.cuda_timing import DeviceTimedPhases  # deferred: torch (start-up cost)
 
         return DeviceTimedPhases(filler)
     return filler
@@ -234,8 +235,6 @@ class ReportingFiller:
         return self.filler.metrics()
 
     def write(self) -> None:
-        from tasks.core.atomic import atomic_write_json
-
         self._last_s = self._clock()
         atomic_write_json(self.path, self.filler.metrics())
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tasks.core.catalog import load_catalog
 from tasks.core.errors import UserInputError
-from tasks.core.traces import Trace, family_of
 from tasks.core.profile import Profile
+from tasks.core.traces import Trace, family_of
 
 HOURS_PER_MONTH = 730.0
 BAND_MONTHLY_FRACTION = (0.025, 0.075, 0.125, 0.175, 0.25)  # midpoints; >20% taken as 25%
@@ -46,8 +47,6 @@ class TypeHazard:
 
 def catalog_bands(region: str) -> dict[str, int]:
     """{type: interruption band} in one region of the instance catalog."""
-    from tasks.core.catalog import load_catalog
-
     out = {}
     for t in load_catalog()["types"]:
         band = t["regions"].get(region, {}).get("interruption_band")

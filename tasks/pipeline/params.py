@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from tasks.core import limits
 from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
+from tasks.core.traces import trace_path
+from tasks.pipeline.plugin_policy import check_deployment_workload
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver, solver_names
 
@@ -157,8 +159,6 @@ class TrainRequest(BaseModel):
     def _workload_allowed(self, info: ValidationInfo) -> "TrainRequest":
         """Deployments run only allow-listed plug-ins; the CLI validates with context local_user."""
         if not (info.context or {}).get("local_user"):
-            from tasks.pipeline.plugin_policy import check_deployment_workload
-
             check_deployment_workload(self.workload)
         return self
 
@@ -251,8 +251,6 @@ class TrainRequest(BaseModel):
     def _trace_exists(self) -> "TrainRequest":
         trace = self.provider.revocations.trace
         if trace:
-            from tasks.core.traces import trace_path
-
             if not trace_path(trace).is_file():  # a name reaching outside profiles/traces/ raises there
                 raise ValueError(f"provider.revocations.trace not found: {trace} (a file, or a name under profiles/traces/)")
         return self

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING
 
 from tasks.core.errors import UserInputError
 from tasks.core.model import Model, cluster_spread
+from tasks.core.profile import Profile
+from tasks.core.traces import load_traces
+from tasks.market.hazards import catalog_bands, type_hazards
+from tasks.market.replan import cheapest_or_fastest
 from tasks.pipeline.alternatives import plan_alternatives
 from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
 from tasks.planner.solvers import get_solver
-from tasks.core.profile import Profile
 from tasks.providers.base import Instance, LaunchResult, ProviderEvent
 from tasks.providers.plan_step import launch_step, takeover_counts, worker_counts
 
@@ -132,9 +135,6 @@ class TrainingSession:
         if not get_solver(self.request.solver).uses_hazards:
             return {}
         if self._hazards is None:
-            from tasks.market.hazards import catalog_bands, type_hazards
-            from tasks.core.traces import load_traces
-
             table, _ = type_hazards(self.profile, load_traces(), catalog_bands(self.request.provider.region))
             self._hazards = {t: h.hazard_per_h for t, h in table.items()}
         return {"target_probability": self.request.risk_level, "hazards_per_h": self._hazards,
@@ -143,8 +143,6 @@ class TrainingSession:
     def solve_or_fastest(self, request: PlanRequest) -> PlanResult:
         """The cheapest plan meeting the deadline; if none can, the fastest plan (the SLO is at
         risk, and the run still does its best); if the market left nothing, an empty plan."""
-        from tasks.market.replan import cheapest_or_fastest
-
         if sum(request.quota.values()) == 0 and not any(request.existing.values()):
             message = "the market has no capacity left for any candidate type"
             self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": message}))
@@ -165,7 +163,7 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ launching
     def start_parameter_server(self) -> None:
-        from tasks.runtime.driver import start_run
+        from tasks.runtime.driver import start_run  # deferred: torch (start-up cost)
 
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
@@ -176,7 +174,7 @@ class TrainingSession:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per
         plan id). A type the market refuses gets its quota lowered to what runs of it now, and a
         `capacity` entry on the timeline; the caller re-plans (launch_plan)."""
-        from tasks.runtime.driver import worker_startup
+        from tasks.runtime.driver import worker_startup  # deferred: torch (start-up cost)
 
         alive = self.alive_workers()
         counts = takeover_counts(plan, alive)
@@ -339,7 +337,7 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ stopping
     def stop(self) -> None:
-        from tasks.runtime.driver import stop_run
+        from tasks.runtime.driver import stop_run  # deferred: torch (start-up cost)
 
         if self.run is not None:
             stop_run(self.run, timeout_s=30.0)

@@ -16,6 +16,7 @@ import functools
 import statistics
 from dataclasses import dataclass
 
+from tasks.core.catalog import load_catalog
 from tasks.core.errors import UserInputError
 from tasks.core.profile import InstanceProfile, Profile
 
@@ -67,8 +68,6 @@ def spot_price(entry: dict, region: str) -> tuple[float, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def _shipped_catalog() -> dict:
-    from tasks.core.catalog import load_catalog
-
     return load_catalog()
 
 

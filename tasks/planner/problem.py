@@ -12,6 +12,7 @@ from tasks.core.errors import UserInputError
 from tasks.core.intervals import time_factor
 from tasks.core.model import Model
 from tasks.core.profile import Profile
+from tasks.planner.offers import market_profile
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver
 
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
@@ -154,8 +155,6 @@ def build_problem(req: PlanRequest) -> Problem:
     """Validate a request against its profile; every message names the offending value."""
     offers = None
     if req.regions:
-        from tasks.planner.offers import market_profile
-
         market, offers = market_profile(req.profile, tuple(req.regions), req.quota)
         req = dataclasses.replace(req, profile=market, quota={}, regions=())
     profile = req.profile

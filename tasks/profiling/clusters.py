@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tasks.profiling.fit import loss_band
-from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation
+from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation, megabits_to_mbps
 from tasks.profiling.runs import (
     WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
 )
@@ -28,7 +28,7 @@ from tasks.providers.base import Provider
 
 
 def loss_smoothing() -> float:
-    from tasks.runtime.ps import PsConfig
+    from tasks.runtime.ps import PsConfig  # deferred: torch (start-up cost)
 
     return PsConfig.__dataclass_fields__["loss_smoothing"].default
 
@@ -124,8 +124,6 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
     instance type's NIC (`network_mbytes_per_s`, already MB/s). On a small machine the processes of many clusters at once compete for
     the cores and stretch the communication times the contention fit reads; waves keep that down.
     """
-    from tasks.profiling.measurements import megabits_to_mbps
-
     by_type = {m.type: m for m in measurements}
     for cluster in clusters:
         missing = set(cluster) - set(by_type)
@@ -191,7 +189,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
     """Start the clusters at once, wait until each trained `duration_s` and all of them with the
     `earlier` waves' curves cross a common loss band (by `deadline_s`), or until an earlier curve
     is the laggard (training these on only lowers the band further below it), stop them all (always)."""
-    from tasks.runtime.driver import start_run, stop_run
+    from tasks.runtime.driver import start_run, stop_run  # deferred: torch (start-up cost)
 
     runs = []
 

@@ -53,7 +53,7 @@ def measure_memory(workload_name: str, workload_options: dict | None, batches: S
     """(device description, one point per batch size). `device`: auto, cpu or cuda."""
     import torch
 
-    from tasks.runtime.workloads import build_workload
+    from tasks.runtime.workloads import build_workload  # deferred: torch (start-up cost)
 
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     workload = build_workload(workload_name, workload_options or {})

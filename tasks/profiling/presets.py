@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.core.errors import UserInputError
+from tasks.providers.local import LocalProvider, default_types
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,6 @@ def preset(name: str) -> Preset:
 
 def local_nic_mbytes_per_s(p: Preset) -> float:
     """The one NIC speed of `p`'s types on the local provider (the model has one Breq)."""
-    from tasks.providers.local import default_types
-
     types = {t.name: t for t in default_types()[0]}
     nics = {types[name].network_mbytes_per_s for name in p.types}
     if len(nics) != 1:
@@ -95,8 +94,7 @@ def local_nic_mbytes_per_s(p: Preset) -> float:
 
 def local_provider(p: Preset, artifacts_dir: Path):
     """A LocalProvider emulating `p`'s network, and the PS cap (megabits/s) for its runs."""
-    from tasks.profiling.single import param_mb
-    from tasks.providers.local import LocalProvider
+    from tasks.profiling.single import param_mb  # deferred: scipy (start-up cost)
 
     e = p.emulation(param_mb(p.workload, p.workload_options), 8.0 * local_nic_mbytes_per_s(p))
     provider = LocalProvider(artifacts_dir, bandwidth_scale=e["bandwidth_scale"], reference_compute_s=e["reference_compute_s"])

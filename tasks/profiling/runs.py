@@ -34,7 +34,7 @@ def worker_batch(provider: Provider, instance_type: str, batch_per_gpu: int) -> 
 def start_workers(run, instance_type: str, count: int, batch_size: int) -> None:
     """Launch a profiling run's workers, all of them: a measurement on fewer workers than asked
     would be a wrong one, so a spot market short of them stops profiling with what it refused."""
-    from tasks.runtime.driver import add_workers
+    from tasks.runtime.driver import add_workers  # deferred: torch (start-up cost)
 
     refused = add_workers(run, instance_type, count, batch_size=batch_size).refused
     if refused:

@@ -22,8 +22,8 @@ MEMORY_BATCHES = (1, 2, 4, 8, 16)
 
 def param_mb(workload: str, workload_options: dict | None) -> float:
     """S: the float32 vector a worker pushes (and pulls) per iteration, in MB (1e6 bytes)."""
-    from tasks.runtime import wire
-    from tasks.runtime.workloads import build_workload
+    from tasks.runtime import wire  # deferred: torch (start-up cost)
+    from tasks.runtime.workloads import build_workload  # deferred: torch (start-up cost)
 
     return wire.flat_size(build_workload(workload, workload_options or {}).model) * 4 / 1e6
 
@@ -32,7 +32,7 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
                  workload_options: dict | None = None, batch_per_gpu: int = 16, ps_megabits_per_s: float | None = None,
                  ps_type: str | None = None, memory_batches=MEMORY_BATCHES, memory_device: str = "auto",
                  timeout_s: float = 300.0) -> TypeMeasurement:
-    from tasks.runtime.driver import start_run, stop_run
+    from tasks.runtime.driver import start_run, stop_run  # deferred: torch (start-up cost)
 
     if iterations <= WARMUP_UPDATES + 2:
         raise ProfilingError(f"{instance_type}: {iterations} iterations are too few to measure "

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel
 
+from tasks.core.atomic import atomic_write_bytes
 from tasks.core.errors import UserInputError
 from tasks.core.intervals import DEFAULT_LEVEL, time_interval_s
 from tasks.core.model import Model
@@ -179,7 +180,7 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
              timeout_s: float = 600.0) -> RunObservation:
     """Train the predicted cluster once until the PS's smoothed loss reaches `loss_target`, and
     replay both predictions on the run's start schedule."""
-    from tasks.runtime.driver import add_workers, start_run, stop_run
+    from tasks.runtime.driver import add_workers, start_run, stop_run  # deferred: torch (start-up cost)
 
     cluster = prediction.cluster
     models, iterations = prediction.models, prediction.iterations
@@ -366,8 +367,6 @@ def plot_validation(report: ValidationReport, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from tasks.core.atomic import atomic_write_bytes
 
     configs = report.configs
     observed = np.array([r.observed_time_s for r in configs])

@@ -50,6 +50,7 @@ from tasks.providers.base import (
     Role,
     Startup,
 )
+from tasks.core.profile import format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,6 @@ def known_ec2_regions() -> set[str]:
 def load_aws_config(data: dict[str, Any]) -> AwsConfig:
     """AwsConfig from a dict; a bad field is one UserInputError line naming it."""
     from pydantic import ValidationError
-
-    from tasks.core.profile import format_validation_error
 
     try:
         return AwsConfig.model_validate(data)

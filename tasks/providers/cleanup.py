@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.core.errors import UserInputError
+from tasks.providers.local import LocalProvider
+
 
 def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
                 aws_config: dict | None = None, wait: bool = False, missing_ok: bool = True) -> tuple[int, str]:
@@ -12,15 +15,12 @@ def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artif
     and the flow's crash and cancel hooks in whatever process Prefect runs them); returns how
     many were still alive, and where (the artifacts folder, or the AWS region). Without
     `missing_ok`, an AWS run id that no instance or security group carries is a UserInputError."""
-    from tasks.providers.aws import check_id
+    from tasks.providers.aws import check_id  # deferred: boto3 (start-up cost)
 
     run_id = check_id("run id", run_id)
     if provider == "local":
-        from tasks.providers.local import LocalProvider
-
         return LocalProvider(artifacts_dir=artifacts_dir).cleanup(run_id), str(artifacts_dir)
-    from tasks.core.errors import UserInputError
-    from tasks.providers.aws import TAG_RUN, AwsProvider, load_aws_config
+    from tasks.providers.aws import TAG_RUN, AwsProvider, load_aws_config  # deferred: boto3 (start-up cost)
 
     aws = AwsProvider(load_aws_config(aws_config or {}))
     if not missing_ok and not aws.knows_run(run_id):

@@ -37,13 +37,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tasks.providers import run_registry
 from tasks.core.atomic import atomic_write_text
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_json
+from tasks.providers import run_registry
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
+from tasks.core.catalog import load_catalog
+from tasks.core.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
@@ -52,8 +54,6 @@ TABLE = "instances.json"
 
 def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceType], dict[str, float]]:
     """The shipped profile's instance types and their relative speeds."""
-    from tasks.core.catalog import load_catalog
-
     profile = json.loads(profile_path.read_text())
     facts = {t["type"]: t for t in load_catalog()["types"]}
     types, throughput = [], {}
@@ -358,8 +358,6 @@ class LocalProvider(Provider):
         took a fraction f of the trace's instances gives f of the run's running spot workers a
         notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
         4-worker run in proportion."""
-        from tasks.core.traces import load_trace
-
         trace = load_trace(trace_path)
         drops = list(zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()))
         start_s = time.monotonic()

@@ -10,6 +10,9 @@ import json
 import os
 from pathlib import Path
 
+from tasks.core.atomic import atomic_write_json
+from tasks.core.limits import is_identifier
+
 
 def state_dir() -> Path:
     explicit = os.environ.get("SPOTFILL_STATE_DIR")
@@ -20,8 +23,6 @@ def state_dir() -> Path:
 
 
 def _entry(run_id: str) -> Path:
-    from tasks.core.limits import is_identifier
-
     if not is_identifier(run_id):
         raise ValueError(f"run id {run_id!r} is not a safe file name")
     return state_dir() / "runs" / f"{run_id}.json"
@@ -30,8 +31,6 @@ def _entry(run_id: str) -> Path:
 def remember(run_id: str, artifacts_dir: Path) -> None:
     """Record that run `run_id` keeps its folder under `artifacts_dir` (best effort: a read-only
     home must not stop a run)."""
-    from tasks.core.atomic import atomic_write_json
-
     record = {"run_id": run_id, "provider": "local", "artifacts_dir": str(Path(artifacts_dir).resolve())}
     try:
         entry = _entry(run_id)

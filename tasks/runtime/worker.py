@@ -34,8 +34,12 @@ from pathlib import Path
 
 import torch
 
+from tasks.core import limits
+from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.core.phases import NoListener, PhaseListener
+from tasks.filling.attach import ReportingFiller, build_worker_filler
+from tasks.filling.executor import training_stream_scope
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import PIECE_MB, piece_numel_for
@@ -43,8 +47,6 @@ from tasks.runtime.pull import Puller
 from tasks.runtime.push import Pusher
 from tasks.runtime.wire import LinkLost
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
-from tasks.core import limits
-from tasks.core.command_line import OneLineParser, arg_type
 
 
 @dataclass
@@ -400,7 +402,6 @@ def build_filler(args: argparse.Namespace, device: str):
     """The inference filler the worker's loop feeds its phase edges to, when --fill is given."""
     if not args.fill:
         return None
-    from tasks.filling.attach import ReportingFiller, build_worker_filler
 
     filler = build_worker_filler({"device": torch.device(device).type,
                                   "online_rate_per_s": args.fill_online_rate, "slo_s": args.fill_online_slo_s})
@@ -415,7 +416,6 @@ def fill_stream_scope(filler, device: str):
     inference lanes' lowest-priority ones (tasks.filling.executor)."""
     if filler is None:
         return contextlib.nullcontext()
-    from tasks.filling.executor import training_stream_scope
 
     return training_stream_scope(device)
 
