@@ -41,7 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _aws_config(args: argparse.Namespace) -> dict:
-
     data: dict = {}
     if args.config is not None:
         data = read_json(args.config, "AWS config")

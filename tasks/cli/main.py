@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import json
 import signal
 import sys
 import threading

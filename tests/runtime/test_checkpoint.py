@@ -3,7 +3,6 @@ anything starts, and a run whose checkpoints cannot be read never silently start
 import hashlib
 import io
 import os
-import pickle
 
 import pytest
 import torch
