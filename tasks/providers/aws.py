@@ -302,7 +302,9 @@ class AwsProvider(Provider):
         return self._catalog or self.refresh_catalog()
 
     def list_types(self) -> list[InstanceType]:
-        return self.refresh_catalog().types
+        """The catalog as first read (one refresh per provider, however many stages ask):
+        `refresh_catalog()` reads current prices again."""
+        return self.catalog().types
 
     def _subnet_zone(self) -> str | None:
         if self.config.subnet_id is None:

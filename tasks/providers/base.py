@@ -105,7 +105,8 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def list_types(self) -> list[InstanceType]:
-        """The instance types this provider offers, with current prices."""
+        """The instance types this provider offers, with their prices (on AWS, as of the provider's
+        catalog read: listing again costs no API call)."""
 
     @abc.abstractmethod
     def launch(
