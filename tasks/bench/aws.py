@@ -47,7 +47,7 @@ def run_bench(quick: bool) -> dict:
             return dict(provider.api_calls.snapshot() - before)
 
         cost = {
-            "catalog_refresh": calls(provider.list_types),
+            "catalog_refresh": calls(provider.refresh_catalog),
             "first_launch_of_run": calls(lambda: provider.launch(run_id, "p1", "g5.xlarge", 2, startup=startup)),
             "next_launch": calls(lambda: provider.launch(run_id, "p1", "g4dn.2xlarge", 1, startup=startup)),
             "retried_launch": calls(lambda: provider.launch(run_id, "p1", "g5.xlarge", 2, startup=startup)),

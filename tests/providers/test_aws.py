@@ -81,6 +81,16 @@ def test_catalog_joins_hardware_archive_prices_on_demand_and_bands(make_provider
     }
 
 
+def test_the_catalog_is_read_once_per_provider_and_again_on_refresh(make_provider):
+    """A run's stages (setup, profiling, launches) list the types many times: one read of EC2."""
+    provider = make_provider()
+    for _ in range(3):
+        provider.list_types()
+    assert provider.api_calls.snapshot()["DescribeInstanceTypes"] == 1
+    provider.refresh_catalog()
+    assert provider.api_calls.snapshot()["DescribeInstanceTypes"] == 2
+
+
 def test_catalog_from_the_live_price_api(make_provider):
     provider = make_provider(spot_price_archive=None)
     types = {t.name: t for t in provider.list_types()}
