@@ -9,7 +9,6 @@ from tasks.cli import args as cli_args
 from tasks.core.atomic import atomic_write_json
 from tasks.core.catalog import CATALOG, SOURCES, build_catalog
 from tasks.core.errors import UserInputError
-from tasks.providers.base import catalog_instance_types
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +34,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from tasks.providers.base import catalog_instance_types
+
     types = catalog_instance_types(args.region)
     print(f"{'type':<16}{'gpus':>5} {'gpu':<22}{'MB/s':>8}{'od $/h':>9}{'spot $/h':>9}{'band':>5}")
     for t in types:

@@ -17,9 +17,6 @@ from tasks.cli import args as cli_args
 from tasks.cli.output import print_json
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_json
-from tasks.providers import run_registry
-from tasks.providers.cleanup import cleanup_run
-from tasks.providers.local import TABLE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,11 +52,17 @@ def _aws_config(args: argparse.Namespace) -> dict:
 
 def _local_artifacts(run_id: str, given: Path | None) -> Path | None:
     """The artifacts folder that holds local run `run_id`, or None if none does."""
+    from tasks.providers import run_registry
+    from tasks.providers.local import TABLE
+
     candidates = [given] if given is not None else [run_registry.artifacts_dir_of(run_id), Path("artifacts")]
     return next((folder for folder in filter(None, candidates) if (folder / run_id / TABLE).is_file()), None)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from tasks.providers import run_registry
+    from tasks.providers.cleanup import cleanup_run
+
     local_hint = args.artifacts is not None or run_registry.artifacts_dir_of(args.run_id)
     provider_name = args.provider or ("local" if local_hint else "aws")
     for_other = ([flag for flag, given in (("--region", args.region), ("--config", args.config),

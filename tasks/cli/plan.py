@@ -10,9 +10,6 @@ from tasks.core.errors import UserInputError
 from tasks.core.intervals import DEFAULT_LEVEL, check_level, time_interval_s
 from tasks.core.model import Model
 from tasks.core.profile import load_profile
-from tasks.planner import PlanRequest, solve
-from tasks.planner.offers import parse_regions
-from tasks.planner.problem import require_training
 from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 
 
@@ -66,6 +63,8 @@ def require_finite(values: dict, source: str) -> None:
 
 
 def predict(args: argparse.Namespace) -> int:
+    from tasks.planner.problem import require_training
+
     if args.level is not None:
         check_level(args.level, "--level")
     profile = load_profile(args.profile)
@@ -115,6 +114,9 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
+    from tasks.planner import PlanRequest, solve
+    from tasks.planner.offers import parse_regions
+
     if args.out and args.out.exists() and args.out.samefile(args.profile):
         raise UserInputError(f"--out {args.out} is the profile this plan reads: it would be replaced by the plan")
     request = PlanRequest(

@@ -9,9 +9,6 @@ from tasks.cli.output import print_json, runtime_errors_in_one_line
 from tasks.core.errors import UserInputError
 from tasks.core.profile import load_profile
 from tasks.core.progress import ProgressBar
-from tasks.profiling.measurements import cluster_label
-from tasks.profiling.presets import FULL, QUICK, local_provider
-from tasks.profiling.validate import validate_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _setup(args):
     import dataclasses
 
+    from tasks.profiling.presets import FULL, QUICK, local_provider
     from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
     preset = QUICK if args.quick else FULL
@@ -87,6 +85,9 @@ def _profile(args) -> int:
 
 def _validate(args) -> int:
     import time
+
+    from tasks.profiling.measurements import cluster_label
+    from tasks.profiling.validate import validate_profile
 
     started_s = time.monotonic()
     if args.profile is not None:  # the profile is validated as it is: profiling settings would do nothing

@@ -8,21 +8,12 @@ import json
 
 from tasks.cli import args as cli_args
 from tasks.cli.output import print_json, runtime_errors_in_one_line
-from tasks.cli.prefect_server import temporary_server
 from tasks.core.errors import UserInputError
 from tasks.core.profile import format_validation_error
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace, trace_path
-from tasks.filling.attach import check_device, worker_fill_config
-from tasks.pipeline import stages
-from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.plugin_policy import allow_local_user
-from tasks.pipeline.session import TrainingSession
-from tasks.pipeline.stages import load_request_profile
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
-from tasks.profiling.presets import local_nic_mbytes_per_s
-from tasks.providers.local import default_types
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset.
@@ -86,6 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def demo_request(artifacts_dir: str = "artifacts"):
     """The README's main job: a small built-in workload, three local types, one replayed trace."""
+    from tasks.pipeline.params import TrainRequest
+
     return TrainRequest.model_validate({
         "workload": DEMO["workload"], "workload_options": DEMO["workload_options"],
         "slo": {"target_loss": DEMO["target_loss"], "deadline_s": DEMO["deadline_s"]},
@@ -113,6 +106,7 @@ def market_defaults(args: argparse.Namespace, types: list[str]) -> dict:
 def build_request(args: argparse.Namespace):
     from pydantic import ValidationError
 
+    from tasks.pipeline.params import TrainRequest
     from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
     if args.trace is None:  # the demo's trace on the local provider; AWS revokes on its own
@@ -143,7 +137,10 @@ def build_request(args: argparse.Namespace):
 def check_request(request) -> None:
     """Everything `run` can check before it starts a Prefect server or a process: the workload and
     its options, the profile, the trace, the candidate types (local); the cheap checks first."""
+    from tasks.filling.attach import check_device, worker_fill_config
     from tasks.pipeline.setup import resolve_setup  # deferred: boto3, scipy (start-up cost)
+    from tasks.profiling.presets import local_nic_mbytes_per_s
+    from tasks.providers.local import default_types
 
     setup = resolve_setup(request)  # what the flow resolves again at its start, less the provider
     if request.profile is not None:
@@ -176,6 +173,9 @@ def check_first_plan(setup) -> None:
     a confidence the profile has no spread for) is refused before a server or a process starts.
     The setup has no provider here, so no prices: the budget cap is the flow's to check."""
     from pathlib import Path
+
+    from tasks.pipeline.session import TrainingSession
+    from tasks.pipeline.stages import load_request_profile
 
     session = TrainingSession(setup, load_request_profile(setup.request), run_id="check", run_dir=Path("."))
     if not any(session.quota.values()):
@@ -221,6 +221,9 @@ def startup_timeout_from_env() -> float:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tasks.cli.prefect_server import temporary_server
+    from tasks.pipeline.plugin_policy import allow_local_user
+
     prefect_defaults()
     startup_timeout_s = startup_timeout_from_env()  # the cheap check first
     request = build_request(args)
@@ -232,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_flow(request, args: argparse.Namespace) -> int:
     from flows.train_with_slo import train_with_slo  # deferred: boto3, prefect, scipy (start-up cost)
+    from tasks.pipeline import stages
 
     bar = ProgressBar(100, "training")
 

@@ -11,8 +11,6 @@ from tasks.core.errors import UserInputError
 from tasks.core.limits import file_stem
 from tasks.core.profile import load_profile
 from tasks.core.traces import family_of, load_traces
-from tasks.market.report import format_table, write_plot
-from tasks.market.study import Study, run_study
 from tasks.planner.problem import RISK_LEVEL
 
 FULL_REPLAYS = 200
@@ -56,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from tasks.market.report import format_table, write_plot
+    from tasks.market.study import Study, run_study
+
     replays = args.replays if args.replays is not None else (QUICK_REPLAYS if args.quick else FULL_REPLAYS)
     if not 0 < args.level < 1:
         raise UserInputError(f"--level must be a probability in (0, 1), got {args.level}")

@@ -12,7 +12,6 @@ from tasks.core.errors import UserInputError
 from tasks.core.limits import env_limit
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
-from tasks.providers.local import LocalProvider
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
 
 # Local workers are processes on this machine: more than this is a typo that would swamp it.
@@ -59,6 +58,7 @@ def _train(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from tasks.providers.local import LocalProvider
     from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
     from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
 
