@@ -58,12 +58,7 @@ def counts(text: str) -> dict[str, int]:
         name, sep, value = item.strip().partition("=")
         if not sep or not name:
             raise UserInputError(f"expected TYPE=N, got {item.strip()!r}")
-        try:
-            if "_" in value or not value.strip().isascii():  # a digit separator (as in strict_float), or ٣ and ２
-                raise ValueError(value)
-            n = int(value)
-        except ValueError:
-            raise UserInputError(f"count for {name} is not an integer: {value!r}") from None
+        n = _strict_number(value, int, f"count for {name} is not an integer: {value!r}")
         if n < 0:
             raise UserInputError(f"count for {name} is negative: {n}")
         check_count(f"count for {name}", n)
@@ -73,14 +68,19 @@ def counts(text: str) -> dict[str, int]:
     return result
 
 
-def strict_float(text: str) -> float:
-    """float(text), without Python's digit separators: `1_8` is a typo of 1.8 more often than 18."""
+def _strict_number(text: str, parse, message: str):
+    """parse(text), without Python's digit separators (`1_8` is a typo of 1.8 more often than 18)
+    or digits of another script (٣, ２)."""
     try:
         if "_" in text or not text.isascii():
             raise ValueError(text)
-        return float(text)
+        return parse(text)
     except ValueError:
-        raise UserInputError(f"not a number: {text!r}") from None
+        raise UserInputError(message) from None
+
+
+def strict_float(text: str) -> float:
+    return _strict_number(text, float, f"not a number: {text!r}")
 
 
 def positive_float(text: str) -> float:
@@ -116,12 +116,7 @@ def finite_float(text: str) -> float:
 
 
 def strict_int(text: str) -> int:
-    try:
-        if "_" in text or not text.isascii():  # a digit separator (as in strict_float), or digits of another script
-            raise ValueError(text)
-        return int(text)
-    except ValueError:
-        raise UserInputError(f"not an integer: {text[:40]!r}") from None
+    return _strict_number(text, int, f"not an integer: {text[:40]!r}")
 
 
 def positive_int(text: str) -> int:
