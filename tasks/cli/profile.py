@@ -46,7 +46,7 @@ def _setup(args):
     import dataclasses
 
     from tasks.profiling.presets import FULL, QUICK, local_provider
-    from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
+    from tasks.runtime.workloads import check_workload, parse_options  # deferred: torch (start-up cost)
 
     preset = QUICK if args.quick else FULL
     changes = {}
@@ -61,8 +61,6 @@ def _setup(args):
     if args.profile_budget_s is not None:
         changes["cluster_budget_s"] = args.profile_budget_s
     preset = dataclasses.replace(preset, **changes)
-    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
-
     check_workload(preset.workload, preset.workload_options)  # a bad name or option fails here
     provider, emulation = local_provider(preset, args.artifacts_dir.resolve())
     return preset, provider, emulation

@@ -141,6 +141,7 @@ def check_request(request) -> None:
     from tasks.pipeline.setup import resolve_setup  # deferred: boto3, scipy (start-up cost)
     from tasks.profiling.presets import local_nic_mbytes_per_s
     from tasks.providers.local import default_types
+    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
 
     setup = resolve_setup(request)  # what the flow resolves again at its start, less the provider
     if request.profile is not None:
@@ -162,8 +163,6 @@ def check_request(request) -> None:
                                    "slo_s": request.filling.online_slo_s})
         if local:
             check_device(fill)
-    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
-
     check_workload(request.workload, request.workload_options)  # builds the model, trains one step
 
 

@@ -60,7 +60,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from tasks.providers.local import LocalProvider
     from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
-    from tasks.runtime.workloads import parse_options  # deferred: torch (start-up cost)
+    from tasks.runtime.workloads import check_workload, parse_options  # deferred: torch (start-up cost)
 
     # Every input is checked before the first process starts.
     n_workers = sum(args.workers.values())
@@ -83,8 +83,6 @@ def _train(args: argparse.Namespace) -> int:
                  if value is not None]
         if given:
             raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
-    from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
-
     check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
     # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
