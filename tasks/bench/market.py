@@ -6,9 +6,9 @@ decide the same."""
 from __future__ import annotations
 
 from tasks.core.catalog import REPO
-from tasks.market.study import Study, run_study
-from tasks.core.traces import load_traces
 from tasks.core.profile import load_profile
+from tasks.core.traces import load_traces
+from tasks.market.study import Study, run_study
 
 PROFILE = REPO / "profiles" / "resnet110-cifar100.json"
 G3_BANDS = {"g3.8xlarge": 4, "g3.16xlarge": 4}  # the advisor has no band for the retired g3 types

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.core.errors import InfeasibleError, UserInputError
-from tasks.market.replan import ReplanMemo
 from tasks.core.model import Model
+from tasks.core.profile import Profile
+from tasks.market.replan import ReplanMemo
 from tasks.planner import PlanRequest, solve
 from tasks.planner.problem import RISK_LEVEL
-from tasks.core.profile import Profile
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import numpy as np
 MAX_REVOCATIONS = 10_000
 
 from tasks.core.errors import UserInputError
-from tasks.market.hazards import TypeHazard
-from tasks.market.policies import Policy, Situation
 from tasks.core.model import Model
 from tasks.core.profile import Profile
+from tasks.market.hazards import TypeHazard
+from tasks.market.policies import Policy, Situation
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.core.errors import InfeasibleError, UserInputError
+from tasks.core.model import Model
+from tasks.core.profile import Profile
+from tasks.core.progress import ProgressBar
+from tasks.core.traces import Trace
 from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.policies import Policy, standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
 from tasks.market.replay import ClusterClock, Market, Outcome, ReplayConfig, initial_situation, replay
-from tasks.core.traces import Trace
-from tasks.core.model import Model
 from tasks.planner import PlanRequest, solve
-from tasks.core.profile import Profile
-from tasks.core.progress import ProgressBar
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from botocore.exceptions import (
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.core.errors import UserInputError
+from tasks.core.profile import format_validation_error
 from tasks.providers import aws_catalog
 from tasks.providers.aws_catalog import Catalog, TypeFacts
-from tasks.providers.imds_watcher import TAG_NOTICE, TAG_REBALANCE
 from tasks.providers.base import (
     Instance,
     InstanceType,
@@ -50,7 +50,7 @@ from tasks.providers.base import (
     Role,
     Startup,
 )
-from tasks.core.profile import format_validation_error
+from tasks.providers.imds_watcher import TAG_NOTICE, TAG_REBALANCE
 
 log = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.core.atomic import atomic_write_text
+from tasks.core.catalog import load_catalog
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_json
+from tasks.core.traces import load_trace
 from tasks.providers import run_registry
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
-from tasks.core.catalog import load_catalog
-from tasks.core.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "profiles" / "resnet110-cifar100.json"

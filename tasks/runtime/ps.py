@@ -41,18 +41,18 @@ from pathlib import Path
 
 import torch
 
+from tasks.core import limits
 from tasks.core.atomic import atomic_write_text
+from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
-from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
+from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import build_workload, parse_options
-from tasks.core import limits
-from tasks.core.command_line import OneLineParser, arg_type
 
 STOP_FILE = "STOP"
 READY_FILE = "ps.json"

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tasks.cli.main import main
-from tasks.cli.args import positive_floats
 from tasks.bench import filling as bench
+from tasks.cli.args import positive_floats
+from tasks.cli.main import main
 from tests.helpers import fake_result
 
 

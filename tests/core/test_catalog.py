@@ -3,8 +3,8 @@ import json
 import pytest
 
 from tasks.core.catalog import CATALOG, SOURCES, build_catalog, network_mbps
-from tasks.providers.base import catalog_instance_types
 from tasks.core.errors import UserInputError
+from tasks.providers.base import catalog_instance_types
 
 
 @pytest.mark.parametrize("label, mbps", [("Up to 10 Gigabit", 1250.0), ("25 Gigabit", 3125.0),

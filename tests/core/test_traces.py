@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tasks.core.errors import UserInputError
-from tasks.market.hazards import band_hazard_per_h, stress_factor, type_hazards
-from tasks.core.traces import family_of, load_trace, load_traces
 from tasks.core.profile import load_profile
+from tasks.core.traces import family_of, load_trace, load_traces
+from tasks.market.hazards import band_hazard_per_h, stress_factor, type_hazards
 from tests.helpers import SHIPPED_PROFILE
 
 

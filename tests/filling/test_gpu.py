@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from tasks.core.errors import UserInputError
 from tasks.bench import filling as bench
+from tasks.bench.trainloop import TrainingJob
+from tasks.core.errors import UserInputError
 from tasks.filling.attach import (CONFIG_ENV, FillConfig, assemble, check_memory_fits,
                                   worker_fill_config)
 from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
-from tasks.bench.trainloop import TrainingJob
 from tests.helpers import LOCAL_QUICK_PROFILE, REPO, fake_result
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
+from tasks.bench.trainloop import TrainingJob
 from tasks.core.errors import UserInputError
 from tasks.filling.attach import (CONFIG_ENV, DisabledFiller, FillConfig, assemble, build_worker_filler,
                                   parse_fill_config)
 from tasks.filling.models import (MODEL_NAMES, InferenceWorkload, build_workload, forward_peak_bytes,
                                   memory_needed_mb)
-from tasks.bench.trainloop import TrainingJob
 from tests.helpers import REPO
 
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
+from tasks.core.profile import load_profile
 from tasks.market.replan import ReplanMemo, cheapest_or_fastest, fastest_result
 from tasks.planner import PlanRequest
-from tasks.core.profile import load_profile
 from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)

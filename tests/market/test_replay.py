@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tasks.core.model import Model
+from tasks.core.profile import load_profile
 from tasks.market.policies import Policy, Situation, standard_policies
 from tasks.market.replay import Market, ReplayConfig, replay
-from tasks.core.model import Model
 from tasks.planner import PlanRequest, build_problem, fastest_time_s, solve
-from tasks.core.profile import load_profile
 from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)

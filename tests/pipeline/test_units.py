@@ -2,13 +2,13 @@
 import pytest
 from pydantic import ValidationError
 
+from tasks.core.profile import load_profile
 from tasks.pipeline.alternatives import plan_alternatives
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import capped_quotas
 from tasks.pipeline.setup import resolve_setup
 from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
 from tasks.planner import PlanRequest
-from tasks.core.profile import load_profile
 from tests.helpers import LOCAL_QUICK_PROFILE, SHIPPED_PROFILE
 
 GOOD = {"slo": {"target_loss": 1.2, "deadline_s": 60}, "candidates": {"types": ["p3.2xlarge"]}}

@@ -4,9 +4,9 @@ import json
 import pytest
 
 from tasks.core.errors import UserInputError
+from tasks.core.profile import load_profile
 from tasks.planner import PlanRequest, solve
 from tasks.planner.offers import az_prefix, market_profile
-from tasks.core.profile import load_profile
 from tests.helpers import SHIPPED_PROFILE, spotfill
 
 PROFILE = str(SHIPPED_PROFILE)

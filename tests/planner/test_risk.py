@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from tasks.core.errors import InfeasibleError, UserInputError
-from tasks.planner.risk import Frontier, assess
-from tasks.planner import PlanRequest, build_problem, exact, solve
 from tasks.core.profile import load_profile
+from tasks.planner import PlanRequest, build_problem, exact, solve
+from tasks.planner.risk import Frontier, assess
 from tests.helpers import SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)

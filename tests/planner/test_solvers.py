@@ -7,13 +7,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.core.errors import InfeasibleError, UserInputError
+from tasks.core.profile import load_profile, profile_from_dict
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
 from tasks.planner import exact
 from tasks.planner.brute import solve_brute_force
 from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, build_problem
-from tasks.core.profile import load_profile, profile_from_dict
 from tests.helpers import SHIPPED_PROFILE
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
