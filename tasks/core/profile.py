@@ -66,6 +66,8 @@ class InstanceProfile(BaseModel):
     spot_price: float = Field(gt=0)
     on_demand_price: float = Field(gt=0)
     quota: int = Field(ge=0)
+    # on-demand workers of this type a plan may use (docs/planner.md, on-demand offers)
+    on_demand_quota: int = Field(default=0, ge=0)
 
     @field_validator("type")
     @classmethod
@@ -75,7 +77,7 @@ class InstanceProfile(BaseModel):
                              "starting with a letter or digit (as TYPE=N lists name it)")
         return name
 
-    @field_validator("quota")
+    @field_validator("quota", "on_demand_quota")
     @classmethod
     def _quota_within_the_count_limit(cls, quota: int) -> int:
         """The planner enumerates counts up to each quota: a typo of 10**9 would take the memory."""

@@ -13,6 +13,7 @@ from tasks.core.intervals import time_factor
 from tasks.core.model import Model
 from tasks.core.profile import Profile
 from tasks.planner.offers import market_profile
+from tasks.planner.on_demand import with_on_demand
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver
 
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
@@ -28,6 +29,9 @@ class PlanRequest:
     deadline_s: float
     existing: dict[str, int] = field(default_factory=dict)
     quota: dict[str, int] = field(default_factory=dict)  # overrides the profile's per-type quota
+    # overrides the profile's per-type on_demand_quota: plans may then use `TYPE:on-demand` offers
+    # (on_demand.py); quota and existing may name those offers too
+    on_demand_quota: dict[str, int] = field(default_factory=dict)
     overhead_s: float = 0.0  # T_ohd: start/join time of new instances, taken off the deadline
     current_loss: float | None = None  # re-planning mid-training: the loss reached so far
     bandwidth_margin: float = 0.0
@@ -157,6 +161,7 @@ def build_problem(req: PlanRequest) -> Problem:
     if req.regions:
         market, offers = market_profile(req.profile, tuple(req.regions), req.quota)
         req = dataclasses.replace(req, profile=market, quota={}, regions=())
+    req = dataclasses.replace(req, profile=with_on_demand(req.profile, req.on_demand_quota), on_demand_quota={})
     profile = req.profile
     g5 = profile.loss.gamma5
     if not math.isfinite(req.deadline_s) or req.deadline_s <= 0:

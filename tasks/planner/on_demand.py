@@ -1,0 +1,75 @@
+"""On-demand workers as offers of their own: the same hardware as a spot type, sold at its
+on-demand price, never revoked, within a quota of its own (the profile's `on_demand_quota`, 0 by
+default, or an override by type name).
+
+Each on-demand offer is a twin of its spot type named `TYPE:on-demand`: the same GPUs, batch and
+compute time, another price. Twins are what the exact solver already groups into one class and
+fills cheapest first (docs/planner.md), so a plan over spot and on-demand offers together is
+solved, optimally, by the same search.
+"""
+from __future__ import annotations
+
+from tasks.core.errors import UserInputError
+from tasks.core.profile import Profile
+
+ON_DEMAND_SUFFIX = ":on-demand"
+
+
+def on_demand_name(type_name: str) -> str:
+    return type_name + ON_DEMAND_SUFFIX
+
+
+def is_on_demand(name: str) -> bool:
+    return name.endswith(ON_DEMAND_SUFFIX)
+
+
+def base_type(name: str) -> str:
+    """The instance type an offer launches (`p3.2xlarge:on-demand` -> `p3.2xlarge`)."""
+    return name[: -len(ON_DEMAND_SUFFIX)] if is_on_demand(name) else name
+
+
+def market_of(name: str) -> str:
+    """The market an offer is bought on: "on-demand" or "spot"."""
+    return "on-demand" if is_on_demand(name) else "spot"
+
+
+def on_demand_quotas(profile: Profile, overrides: dict[str, int]) -> dict[str, int]:
+    """How many on-demand workers of each spot type a plan may use: the override by type name,
+    else the profile's `on_demand_quota` (absent: 0)."""
+    spot = [i.type for i in profile.instances if not is_on_demand(i.type)]
+    for name in overrides:
+        if name not in spot:
+            profile.instance(base_type(name))  # names the known types in its message
+            raise UserInputError(f"on-demand quota for {name!r}: name the spot type ({base_type(name)})")
+    return {t: int(overrides.get(t, getattr(profile.instance(t), "on_demand_quota", 0) or 0)) for t in spot}
+
+
+def with_on_demand(profile: Profile, overrides: dict[str, int] | None = None) -> Profile:
+    """The profile with a `TYPE:on-demand` twin after each spot type whose on-demand quota is
+    above 0 (none added: the profile itself). A profile that already has twins is returned as is,
+    with their quotas overridden."""
+    overrides = overrides or {}
+    quotas = on_demand_quotas(profile, overrides)
+    if any(is_on_demand(i.type) for i in profile.instances):
+        return profile.model_copy(update={"instances": [
+            i.model_copy(update={"quota": quotas[base_type(i.type)]}) if is_on_demand(i.type) else i
+            for i in profile.instances]})
+    if not any(quotas.values()):
+        return profile
+    instances = []
+    for inst in profile.instances:
+        instances.append(inst)
+        if quotas[inst.type] > 0:
+            instances.append(inst.model_copy(update={
+                "type": on_demand_name(inst.type), "spot_price": inst.on_demand_price, "quota": quotas[inst.type]}))
+    return profile.model_copy(update={"instances": instances})
+
+
+def split_counts(plan: dict[str, int]) -> dict[str, dict[str, int]]:
+    """A plan's counts by market and instance type: {"spot": {...}, "on-demand": {...}}."""
+    out: dict[str, dict[str, int]] = {"spot": {}, "on-demand": {}}
+    for name, n in plan.items():
+        if n:
+            by_type = out[market_of(name)]
+            by_type[base_type(name)] = by_type.get(base_type(name), 0) + int(n)
+    return out
