@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from tasks.core.errors import InfeasibleError
 from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
+from tasks.planner.on_demand import is_on_demand
 from tasks.planner.problem import COST_TIE_REL, make_result
 from tasks.planner.solvers import get_solver
 
@@ -45,6 +46,32 @@ def cheapest_or_fastest(request: PlanRequest) -> Replanned:
     else:
         why = f"the deadline ({request.deadline_s:g} s) lies within the start overhead ({request.overhead_s:g} s)"
     return Replanned(fastest_result(request, why), why)
+
+
+def deadline_safe(request: PlanRequest, reserve_s: float) -> Replanned:
+    """Spot while the deadline is safe; the missing throughput on on-demand workers when not.
+
+    `request` allows on-demand offers (its profile's or its own on_demand_quota, TYPE:on-demand
+    twins) and names every running worker in `existing`, on-demand ones under their twin names;
+    its spot quotas are what the market has now. Safe means a spot-only plan around the spot
+    survivors still meets the deadline with `reserve_s` to spare (one more re-plan's overhead, so
+    that the next revocation can still be answered); the model's interval is the request's
+    `confidence`. When none does, the cheapest mix of spot and on-demand workers that meets the
+    deadline (with the reserve if it can, else without), else the fastest mix. Running on-demand
+    workers are not held: a plan with fewer of them releases the rest, which is how a run goes
+    back to spot once capacity returns and the slack allows."""
+    spot_survivors = {t: n for t, n in request.existing.items() if not is_on_demand(t)}
+    mixed = dataclasses.replace(request, existing=spot_survivors)
+    spot_types = [i.type for i in request.profile.instances if not is_on_demand(i.type)]
+    spot_only = dataclasses.replace(mixed, on_demand_quota={t: 0 for t in spot_types})
+    for candidate in (spot_only, mixed):
+        deadline_s = request.deadline_s - reserve_s
+        if deadline_s > candidate.overhead_s:
+            try:
+                return Replanned(solve(dataclasses.replace(candidate, deadline_s=deadline_s)))
+            except InfeasibleError:
+                pass
+    return cheapest_or_fastest(mixed)
 
 
 def fastest_result(request: PlanRequest, message: str = "") -> PlanResult:
