@@ -25,6 +25,27 @@ def band_stress(text: str) -> float:
     return value
 
 
+def capacity_by_type(profile, items: list[str]) -> dict[str, list]:
+    """`[TYPE=]FILE` items -> {type: [CapacityTrace, ...]}; a file without a type stands for every
+    profile type of its family, as revocation traces do."""
+    from tasks.core.capacity import load_capacity
+
+    out: dict[str, list] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if sep and name in profile.type_names:
+            record, types = load_capacity(path), [name]
+        else:
+            record = load_capacity(item)
+            types = [t for t in profile.type_names if record.family is not None and family_of(t) == record.family]
+            if not types:
+                raise UserInputError(f"capacity record {item} names no family of the profile's types "
+                                     f"({', '.join(profile.type_names)}): pass it as TYPE={item}")
+        for t in types:
+            out.setdefault(t, []).append(record)
+    return out
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay real spot revocations and prices against every policy")
     p.add_argument("profile")
@@ -43,6 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="revoke every type by a Poisson process at its hazard (trace rate or band) "
                         "instead of replaying trace windows")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
+    p.add_argument("--on-demand-quota", type=cli_args.counts, default=None,
+                   help="TYPE=N,...: on-demand workers the greedy, uniform-progress and deadline-safe policies may "
+                        "use (default: the profile's on_demand_quota, else as many as each type's spot quota)")
+    p.add_argument("--capacity", nargs="+", default=[], metavar="[TYPE=]FILE",
+                   help="spot capacity records (CSV seconds,available, Bamboo, or JSON gap_seconds/data): for TYPE, "
+                        "or for every type of the family its file name starts with; several zones of one type add up")
+    p.add_argument("--drought", type=cli_args.time_window_s, default=None, metavar="START,END",
+                   help="a synthetic market: no spot capacity of any type from START to END seconds of training")
     p.add_argument("--overhead", type=cli_args.nonnegative_duration_s, default=120.0,
                    help="seconds a new instance takes to start and join (T_ohd)")
     p.add_argument("--region", type=cli_args.region, default="us-east-1", help="region of the bands and the price history")
@@ -68,10 +97,13 @@ def _run(args: argparse.Namespace) -> int:
             if t.family not in families:
                 raise UserInputError(f"trace {t.name} is of family {t.family}, which no type of the profile "
                                      f"has ({', '.join(profile.type_names)})")
+    if args.drought is not None and args.capacity:
+        raise UserInputError("--drought is a synthetic market of its own: give it or --capacity, not both")
     study = Study(profile=profile, loss_target=args.loss, deadline_s=args.deadline, replays=replays,
                   level=args.level, traces=traces, bands=args.band, band_stress=args.band_stress,
                   quota=args.quota, overhead_s=args.overhead, region=args.region, seed=args.seed,
-                  synthetic=args.synthetic)
+                  synthetic=args.synthetic, on_demand_quota=args.on_demand_quota,
+                  capacity=capacity_by_type(profile, args.capacity), drought_s=args.drought)
     result = run_study(study)
     result["plot"] = str(write_plot(result, Path(args.out_dir) / f"simulate-{file_stem(profile.workload)}-{args.deadline:g}s.png"))
     if args.json:

@@ -160,6 +160,17 @@ def nonnegative_duration_s(text: str) -> float:
     return _at_most_ten_years(text, nonnegative_float(text))
 
 
+def time_window_s(text: str) -> tuple[float, float]:
+    """`START,END` in seconds, 0 <= START < END (a stretch of a run, such as a drought)."""
+    start, sep, end = text.partition(",")
+    if not sep:
+        raise UserInputError(f"expected START,END in seconds, got {text[:40]!r}")
+    window = nonnegative_duration_s(start.strip()), duration_s(end.strip())
+    if window[0] >= window[1]:
+        raise UserInputError(f"the window's start ({start.strip()}) must come before its end ({end.strip()})")
+    return window
+
+
 def is_identifier(text: str) -> bool:
     """1-64 letters, digits, '.', '_' or '-', not starting with '.' (so never '..', a hidden
     folder or a path): safe as a folder or file name."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasks.core.errors import InfeasibleError
@@ -53,25 +54,48 @@ def deadline_safe(request: PlanRequest, reserve_s: float) -> Replanned:
 
     `request` allows on-demand offers (its profile's or its own on_demand_quota, TYPE:on-demand
     twins) and names every running worker in `existing`, on-demand ones under their twin names;
-    its spot quotas are what the market has now. Safe means a spot-only plan around the spot
-    survivors still meets the deadline with `reserve_s` to spare (one more re-plan's overhead, so
-    that the next revocation can still be answered); the model's interval is the request's
-    `confidence`. When none does, the cheapest mix of spot and on-demand workers that meets the
-    deadline (with the reserve if it can, else without), else the fastest mix. Running on-demand
-    workers are not held: a plan with fewer of them releases the rest, which is how a run goes
-    back to spot once capacity returns and the slack allows."""
+    its spot quotas are what the market has now. The cheapest spot-only plan around the spot
+    survivors is taken while it meets the deadline and the run is safe: were it hit now, the
+    fastest mix of spot and on-demand workers could still finish after one more re-plan's
+    overhead (`reserve_s`); the model's interval is the request's `confidence`. Otherwise the
+    cheapest mix that meets the deadline with the reserve to spare, else without it, else the
+    fastest mix. Running on-demand workers are not held: a plan with fewer of them releases the
+    rest, which is how a run goes back to spot once capacity returns and the slack allows."""
+    answers: dict[int, Replanned] = {}
+
+    def answer(r: PlanRequest) -> Replanned:
+        if id(r) not in answers:
+            answers[id(r)] = cheapest_or_fastest(r)
+        return answers[id(r)]
+
+    chosen = deadline_safe_choice(request, reserve_s, lambda r: answer(r).at_risk is None,
+                                  lambda r: fastest_result(r).predicted_time_s)
+    return answer(chosen)
+
+
+def deadline_safe_choice(request: PlanRequest, reserve_s: float, meets: Callable[[PlanRequest], bool],
+                         fastest_s: Callable[[PlanRequest], float]) -> PlanRequest:
+    """The question whose answer deadline_safe takes (the live session and the replay's memo ask
+    their own way): `meets(r)`, whether r's answer meets its deadline; `fastest_s(r)`, the
+    fastest plan's time under r's quotas and survivors."""
     spot_survivors = {t: n for t, n in request.existing.items() if not is_on_demand(t)}
     mixed = dataclasses.replace(request, existing=spot_survivors)
     spot_types = [i.type for i in request.profile.instances if not is_on_demand(i.type)]
     spot_only = dataclasses.replace(mixed, on_demand_quota={t: 0 for t in spot_types})
-    for candidate in (spot_only, mixed):
-        deadline_s = request.deadline_s - reserve_s
-        if deadline_s > candidate.overhead_s:
-            try:
-                return Replanned(solve(dataclasses.replace(candidate, deadline_s=deadline_s)))
-            except InfeasibleError:
-                pass
-    return cheapest_or_fastest(mixed)
+    if (request.deadline_s > request.overhead_s and can_provision(spot_only) and meets(spot_only)
+            and can_provision(mixed) and fastest_s(mixed) + reserve_s <= request.deadline_s):
+        return spot_only
+    reserved = dataclasses.replace(mixed, deadline_s=request.deadline_s - reserve_s)
+    if reserved.deadline_s > reserved.overhead_s and can_provision(reserved) and meets(reserved):
+        return reserved
+    return mixed
+
+
+def can_provision(request: PlanRequest) -> bool:
+    """Whether any instance may run: some quota (spot or on-demand) above 0, or survivors."""
+    spot = any(request.quota.get(i.type, i.quota) > 0 for i in request.profile.instances)
+    on_demand = any(request.on_demand_quota.get(i.type, i.on_demand_quota) > 0 for i in request.profile.instances)
+    return spot or on_demand or any(request.existing.values())
 
 
 def fastest_result(request: PlanRequest, message: str = "") -> PlanResult:
@@ -90,11 +114,12 @@ class _Answers:
     ends: list[float] = field(default_factory=list)  # the largest scaled budget it was optimal at
     plans: list[dict[str, int]] = field(default_factory=list)
 
-    def lookup(self, budget: float) -> dict[str, int] | None:
+    def lookup(self, budget: float) -> tuple[dict[str, int], bool] | None:
+        """The plan for this budget and whether it is the fastest plan (none meets it), if known."""
         if self.fastest is not None and budget < self.fastest[0] * (1 - COST_TIE_REL):
-            return self.fastest[1]
+            return self.fastest[1], True
         i = bisect.bisect_right(self.starts, budget * (1 + COST_TIE_REL)) - 1  # plans' intervals are disjoint
-        return self.plans[i] if i >= 0 and self.ends[i] * (1 + COST_TIE_REL) >= budget else None
+        return (self.plans[i], False) if i >= 0 and self.ends[i] * (1 + COST_TIE_REL) >= budget else None
 
     def learn(self, budget: float, time_scaled: float, plan: dict[str, int]) -> None:
         for i, known in enumerate(self.plans):
@@ -119,6 +144,27 @@ class ReplanMemo:
     solves: int = 0
 
     def plan(self, request: PlanRequest) -> dict[str, int]:
+        return self.answer(request)[0]
+
+    def deadline_safe(self, request: PlanRequest, reserve_s: float) -> dict[str, int]:
+        """deadline_safe(request, reserve_s).result.plan, through the memo."""
+        return self.plan(deadline_safe_choice(request, reserve_s, lambda r: not self.answer(r)[1], self.fastest_s))
+
+    def fastest_s(self, request: PlanRequest) -> float:
+        """The fastest plan's time under the request's quotas and survivors (remembered as the
+        answer below its time)."""
+        key, du = self._key(request)
+        if key is None:
+            return fastest_result(request).predicted_time_s
+        answers = self.answers.setdefault(key, _Answers())
+        if answers.fastest is None:
+            self.solves += 1
+            result = fastest_result(request)
+            answers.fastest = (result.predicted_time_s / du, result.plan)
+        return answers.fastest[0] * du
+
+    def answer(self, request: PlanRequest) -> tuple[dict[str, int], bool]:
+        """The plan, and whether it is the fastest plan because none meets the deadline."""
         key, du = self._key(request)
         self.profiles[id(request.profile)] = request.profile
         budget = (request.deadline_s - request.overhead_s) / du if key is not None else None
@@ -137,7 +183,7 @@ class ReplanMemo:
                 answers.learn(budget, time_scaled, plan)
             else:
                 answers.fastest = (time_scaled, plan)
-        return plan
+        return plan, replanned.at_risk is not None
 
     @staticmethod
     def _key(request: PlanRequest) -> tuple[tuple | None, float]:
@@ -148,6 +194,7 @@ class ReplanMemo:
         g5 = request.profile.loss.gamma5
         du = 1.0 / (request.loss_target - g5) - 1.0 / (request.current_loss - g5)
         key = (id(request.profile), request.loss_target, request.solver, request.on_demand, request.bandwidth_margin,
-               tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())), tuple(request.regions),
+               tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())),
+               tuple(sorted(request.on_demand_quota.items())), tuple(request.regions),
                request.min_workers)
         return key, du

@@ -55,28 +55,51 @@ class Market:
     randomness. `draw` makes a random one from the traces."""
 
     def __init__(self, prices_usd_per_h: np.ndarray, hazard_per_s: np.ndarray,
-                 events: list[tuple[np.ndarray, np.ndarray] | None], seed: int):
+                 events: list[tuple[np.ndarray, np.ndarray] | None], seed: int,
+                 capacity: list[tuple[np.ndarray, np.ndarray] | None] | None = None):
         self.prices_usd_per_h = np.asarray(prices_usd_per_h, dtype=float)
         self.hazard_per_s = np.asarray(hazard_per_s, dtype=float)
         self.events = events
         self.seed = seed
         self.rng = np.random.default_rng([seed, 1])
+        # per type, its spot capacity as steps (times from 0, counts); None: no limit
+        self.capacity = capacity if capacity is not None else [None] * len(events)
+        changes = [steps[0][1:] for steps in self.capacity if steps is not None]
+        self.capacity_changes_s = np.unique(np.concatenate(changes)) if changes else np.array([])
+
+    def capacity_at(self, m: int, t_s: float) -> float:
+        """Spot instances of type m the market hands out at t_s (inf: no limit)."""
+        steps = self.capacity[m]
+        if steps is None:
+            return math.inf
+        return float(steps[1][np.searchsorted(steps[0], t_s, side="right") - 1])
+
+    def next_capacity_change_s(self, t_s: float) -> float:
+        i = np.searchsorted(self.capacity_changes_s, t_s, side="right")
+        return float(self.capacity_changes_s[i]) if i < len(self.capacity_changes_s) else math.inf
 
     @classmethod
     def draw(cls, names: tuple[str, ...], hazards: dict[str, TypeHazard], prices_usd_per_h: np.ndarray,
-             zone_prices: dict[str, np.ndarray], horizon_s: float, seed: int) -> "Market":
+             zone_prices: dict[str, np.ndarray], horizon_s: float, seed: int,
+             capacity: dict[str, list] | None = None) -> "Market":
         """A random trace window per trace-mapped type (random trace and start offset; the trace
-        wraps around) and a random zone's price per type with price history."""
+        wraps around) and a random zone's price per type with price history. On-demand offers
+        (names absent from `hazards`) are never revoked and keep their price. `capacity`: per
+        type, its zones' capacity records (CapacityTrace, each from a random offset, summed: a
+        plan's instances of a type may sit in any zone of the region), or fixed steps
+        (times, counts) as a synthetic market gives them."""
         rng = np.random.default_rng(seed)
         prices = np.array(prices_usd_per_h, dtype=float)
         events = []
         for m, name in enumerate(names):
             if name in zone_prices:
                 prices[m] = rng.choice(zone_prices[name])
-            traces = hazards[name].traces
+            traces = hazards[name].traces if name in hazards else ()
             events.append(None if not traces else cls._unroll(traces[rng.integers(len(traces))], horizon_s, rng))
-        hazard_per_s = np.array([hazards[n].hazard_per_h / 3600.0 for n in names])
-        return cls(prices, hazard_per_s, events, seed)
+        hazard_per_s = np.array([hazards[n].hazard_per_h / 3600.0 if n in hazards else 0.0 for n in names])
+        capacity = capacity or {}
+        steps = [_summed(capacity[n], horizon_s, rng) if n in capacity else None for n in names]
+        return cls(prices, hazard_per_s, events, seed, steps)
 
     @staticmethod
     def _unroll(trace, horizon_s: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +116,7 @@ class Market:
 
     def fork(self) -> "Market":
         """The same market with its thinning randomness restarted (identical for every policy)."""
-        return Market(self.prices_usd_per_h, self.hazard_per_s, self.events, self.seed)
+        return Market(self.prices_usd_per_h, self.hazard_per_s, self.events, self.seed, self.capacity)
 
     def revocation_times_s(self, m: int, n: int, launch_s: float) -> np.ndarray:
         """When each of n instances of type m launched at launch_s will be revoked (inf: never)."""
@@ -109,6 +132,15 @@ class Market:
         hit = self.rng.random((n, len(times))) < fracs[None, :]
         first = hit.argmax(axis=1)
         return np.where(hit.any(axis=1), times[first], np.inf)
+
+
+def _summed(records: list, horizon_s: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """One type's capacity over [0, horizon]: the sum of its zones' records, each from a random
+    offset (a record given as fixed steps is taken as it is)."""
+    windows = [r if isinstance(r, tuple) else r.window(rng.uniform(0.0, r.duration_s), horizon_s) for r in records]
+    times = np.unique(np.concatenate([w[0] for w in windows]))
+    counts = sum(w[1][np.searchsorted(w[0], times, side="right") - 1] for w in windows)
+    return times, np.asarray(counts, dtype=float)
 
 
 class ClusterClock:
@@ -145,11 +177,56 @@ def initial_situation(cfg: ReplayConfig) -> Situation:
     return Situation({}, cfg.deadline_s, None, cfg.overhead_s)
 
 
+class _Fleet:
+    """The instances of one replay: parallel lists of type index, launch, join, revocation,
+    planned release and end times (end None: alive)."""
+
+    def __init__(self, n_types: int):
+        self.n_types = n_types
+        self.kind: list[int] = []
+        self.launched: list[float] = []
+        self.joins: list[float] = []
+        self.revokes: list[float] = []
+        self.releases: list[float] = []
+        self.ends: list[float | None] = []
+
+    def alive(self) -> list[int]:
+        return [i for i, e in enumerate(self.ends) if e is None]
+
+    def counts(self, joined_by: float | None = None, staying: bool = False) -> np.ndarray:
+        """Alive instances per type (joined by then; staying: not to be released)."""
+        c = np.zeros(self.n_types, dtype=np.int64)
+        for k, j, r, e in zip(self.kind, self.joins, self.releases, self.ends):
+            if e is None and (joined_by is None or j <= joined_by) and not (staying and r < math.inf):
+                c[k] += 1
+        return c
+
+    def add(self, m: int, revocations: np.ndarray, now_s: float, join_s: float) -> None:
+        n = len(revocations)
+        self.kind.extend([m] * n)
+        self.launched.extend([now_s] * n)
+        self.joins.extend([join_s] * n)
+        self.revokes.extend(float(r) for r in revocations)
+        self.releases.extend([math.inf] * n)
+        self.ends.extend([None] * n)
+
+    def newest(self, m: int, staying: bool) -> list[int]:
+        """Alive instances of type m, newest first (staying: only those not being released)."""
+        mine = [i for i in self.alive() if self.kind[i] == m and not (staying and self.releases[i] < math.inf)]
+        return sorted(mine, key=lambda i: -self.launched[i])
+
+    def cost_usd(self, prices: np.ndarray, until_s: float) -> float:
+        return sum(prices[k] * ((until_s if e is None else e) - l0)
+                   for k, l0, e in zip(self.kind, self.launched, self.ends)) / 3600.0
+
+
 def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, market: Market | None,
            first_plan: dict[str, int] | None = None, clock: ClusterClock | None = None) -> Outcome:
     """One run of `policy` to the loss target; market None (or an on-demand policy): no revocations.
     `first_plan`: the policy's initial plan when already known (it is the same in every replay);
-    `clock`: one shared by the replays of the same model and target."""
+    `clock`: one shared by the replays of the same model and target. The model's types are the
+    replay's: a policy that may use on-demand offers needs a model of the profile with its
+    `TYPE:on-demand` twins (planner.on_demand.with_on_demand)."""
     clock = clock or ClusterClock(model, cfg.loss_target)
     names = model.types.names
     g5 = profile.loss.gamma5
@@ -159,38 +236,77 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         prices = model.types.on_demand_usd_per_h
     else:
         prices = market.prices_usd_per_h if market is not None else model.types.spot_usd_per_h
+    limited = spot and any(steps is not None for steps in market.capacity)
     give_up_s = cfg.deadline_s * cfg.give_up_factor
-    # Instances: parallel lists of type index, launch, join, revocation and end times.
-    kind: list[int] = []
-    launched: list[float] = []
-    joins: list[float] = []
-    revokes: list[float] = []
-    ends: list[float | None] = []
-
-    def launch(plan: dict[str, int], have: np.ndarray, now_s: float, join_s: float) -> None:
-        for m, extra in enumerate(model.counts_vector(plan) - have):
-            if extra > 0:
-                times = market.revocation_times_s(m, int(extra), now_s) if spot else np.full(extra, np.inf)
-                kind.extend([m] * len(times))
-                launched.extend([now_s] * len(times))
-                joins.extend([join_s] * len(times))
-                revokes.extend(float(rt) for rt in times)
-                ends.extend([None] * len(times))
-
-    def live_counts(joined_by: float | None = None) -> np.ndarray:
-        c = np.zeros(len(names), dtype=np.int64)
-        for k, j, e in zip(kind, joins, ends):
-            if e is None and (joined_by is None or j <= joined_by):
-                c[k] += 1
-        return c
-
-    if first_plan is None:
-        first_plan = policy.plan(profile, cfg.loss_target, initial_situation(cfg))
-    launch(first_plan, np.zeros(len(names), dtype=np.int64), 0.0, 0.0)
+    fleet = _Fleet(len(names))
+    caps: dict[str, int] = {}  # spot capacity learned from refusals, per type, until it rises
+    memory: dict = {}
     t, loss, saved_loss = 0.0, None, None
     revocations = replans = 0
+
+    def time_on(plan: dict[str, int]) -> float:
+        counts = model.counts_vector(plan)
+        if not counts.any():
+            return math.inf
+        return clock.from_start(counts)[0] if loss is None else clock.remaining_s(counts, loss)
+
+    def situation() -> Situation:
+        staying = fleet.counts(staying=True)
+        existing = {names[m]: int(c) for m, c in enumerate(staying) if c > 0}
+        overhead_s = cfg.overhead_s if loss is not None or t > 0 else 0.0
+        return Situation(existing, cfg.deadline_s - t, loss, overhead_s, t, dict(caps), time_on, memory)
+
+    def launch(plan: dict[str, int], now_s: float, join_s: float) -> dict[int, int]:
+        """Run `plan` from now: launch what it adds (within spot capacity), release what it drops
+        (when the added instances join; at once if none are added). Returns refused counts."""
+        want = model.counts_vector(plan)
+        staying = fleet.counts(staying=True)
+        refused: dict[int, int] = {}
+        added = False
+        for m in range(len(names)):
+            extra = int(want[m] - staying[m])
+            for i in fleet.newest(m, staying=False)[: max(extra, 0)]:
+                if fleet.releases[i] < math.inf:  # wanted again: keep it
+                    fleet.releases[i] = math.inf
+                    extra -= 1
+            if extra <= 0:
+                continue
+            if spot and limited:
+                free = market.capacity_at(m, now_s) - len(fleet.newest(m, staying=False))
+                granted = int(max(0.0, min(extra, free)))
+                if granted < extra:
+                    refused[m] = extra - granted
+                extra = granted
+            if extra > 0:
+                times = market.revocation_times_s(m, extra, now_s) if spot else np.full(extra, np.inf)
+                fleet.add(m, times, now_s, join_s)
+                added = True
+        release_s = join_s if added else now_s
+        for m in range(len(names)):
+            surplus = int(fleet.counts(staying=True)[m] - want[m])
+            for i in fleet.newest(m, staying=True)[: max(surplus, 0)]:
+                fleet.releases[i] = max(release_s, now_s)
+        return refused
+
+    def decide() -> float:
+        """Ask the policy; while the market refuses part of a launch, ask again knowing what it
+        could get (each refusal caps a type, so this ends). Returns when to ask again."""
+        for _ in range(len(names) + 1):
+            decision = policy.decide(profile, cfg.loss_target, situation())
+            refused = launch(decision.plan, t, t + (cfg.overhead_s if t > 0 or loss is not None else 0.0))
+            if not refused:
+                break
+            for m in refused:
+                caps[names[m]] = len(fleet.newest(m, staying=False))
+        return decision.wake_at_s
+
+    if first_plan is not None and not limited:
+        launch(first_plan, 0.0, 0.0)
+        wake_s = math.inf
+    else:
+        wake_s = decide()
     while True:
-        active = live_counts(joined_by=t)
+        active = fleet.counts(joined_by=t)
         remaining_s, u_now = math.inf, None
         if active.sum() > 0:
             if loss is None:
@@ -198,10 +314,12 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
                 u_now = profile.loss.gamma1 * u_target / (iterations + profile.loss.gamma1)
             else:
                 remaining_s, u_now = clock.remaining_s(active, loss), 1.0 / (loss - g5)
-        alive = [i for i, e in enumerate(ends) if e is None]
-        next_revoke = min((revokes[i] for i in alive), default=math.inf)
-        next_join = min((joins[i] for i in alive if joins[i] > t), default=math.inf)
-        t_next = min(next_revoke, next_join, t + remaining_s, give_up_s)
+        alive = fleet.alive()
+        next_revoke = min((fleet.revokes[i] for i in alive), default=math.inf)
+        next_join = min((fleet.joins[i] for i in alive if fleet.joins[i] > t), default=math.inf)
+        next_release = min((fleet.releases[i] for i in alive), default=math.inf)
+        next_capacity = market.next_capacity_change_s(t) if limited else math.inf
+        t_next = min(next_revoke, next_join, next_release, next_capacity, max(wake_s, t), t + remaining_s, give_up_s)
 
         def u_at(when_s: float) -> float:
             return u_now + (u_target - u_now) * (when_s - t) / remaining_s
@@ -217,26 +335,36 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         t = t_next
         if done or t >= give_up_s:
             break
-        if next_revoke > t:
-            continue  # an instance joined
-        gone = [i for i in alive if revokes[i] <= t]
+        for i in alive:
+            if fleet.releases[i] <= t:
+                fleet.ends[i] = t
+        gone = [i for i in alive if fleet.revokes[i] <= t and fleet.ends[i] is None]
+        if limited and next_capacity <= t:  # capacity below what runs takes the newest
+            for m in range(len(names)):
+                held = fleet.newest(m, staying=False)
+                over = len(held) - market.capacity_at(m, t)
+                gone += [i for i in held[: int(max(over, 0))] if i not in gone]
+                if market.capacity_at(m, t) > market.capacity_at(m, t - 1e-9):
+                    caps.pop(names[m], None)  # capacity rose: what was refused may be had again
         for i in gone:
-            ends[i] = t
+            fleet.ends[i] = t
         revocations += len(gone)
         if revocations > MAX_REVOCATIONS:
             raise UserInputError(
                 f"a replay saw more than {MAX_REVOCATIONS:,} revocations within {t:.0f} s (one every {t / revocations:.2g} s): "
                 "the traces or hazards given revoke far faster than a spot market does; check them (or --band-stress)")
+        if not gone and next_capacity > t and wake_s > t:
+            continue  # an instance joined or was released
         if policy.restart_on_preemption:
-            for i in alive:
-                ends[i] = t
-            loss = saved_loss
-            launch(first_plan, np.zeros(len(names), dtype=np.int64), t, t + cfg.overhead_s)
+            if gone:
+                for i in fleet.alive():
+                    fleet.ends[i] = t
+                loss = saved_loss
+            launch(first_plan if first_plan is not None else policy.plan(profile, cfg.loss_target, initial_situation(cfg)),
+                   t, t + cfg.overhead_s)
+            wake_s = math.inf
         else:
-            have = live_counts()
-            existing = {names[m]: int(c) for m, c in enumerate(have) if c > 0}
-            plan = policy.plan(profile, cfg.loss_target, Situation(existing, cfg.deadline_s - t, loss, cfg.overhead_s))
+            wake_s = decide()
             replans += 1
-            launch(plan, have, t, t + cfg.overhead_s)
-    cost_usd = sum(prices[k] * ((t if e is None else e) - l0) for k, l0, e in zip(kind, launched, ends)) / 3600.0
+    cost_usd = fleet.cost_usd(prices, t)
     return Outcome(t, cost_usd, done and t <= cfg.deadline_s * (1 + 1e-9), done, revocations, replans)
