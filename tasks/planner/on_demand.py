@@ -41,27 +41,26 @@ def on_demand_quotas(profile: Profile, overrides: dict[str, int]) -> dict[str, i
         if name not in spot:
             profile.instance(base_type(name))  # names the known types in its message
             raise UserInputError(f"on-demand quota for {name!r}: name the spot type ({base_type(name)})")
-    return {t: int(overrides.get(t, getattr(profile.instance(t), "on_demand_quota", 0) or 0)) for t in spot}
+    return {t: int(overrides.get(t, profile.instance(t).on_demand_quota)) for t in spot}
 
 
 def with_on_demand(profile: Profile, overrides: dict[str, int] | None = None) -> Profile:
     """The profile with a `TYPE:on-demand` twin after each spot type whose on-demand quota is
-    above 0 (none added: the profile itself). A profile that already has twins is returned as is,
-    with their quotas overridden."""
-    overrides = overrides or {}
-    quotas = on_demand_quotas(profile, overrides)
-    if any(is_on_demand(i.type) for i in profile.instances):
-        return profile.model_copy(update={"instances": [
-            i.model_copy(update={"quota": quotas[base_type(i.type)]}) if is_on_demand(i.type) else i
-            for i in profile.instances]})
-    if not any(quotas.values()):
+    above 0 (none, and none overridden: the profile itself). Each spot type's `on_demand_quota`
+    becomes the quota used, so expanding the result again (a request built once, then rebuilt)
+    gives the same offers: twins are never doubled, nor an override lost."""
+    quotas = on_demand_quotas(profile, overrides or {})
+    if not any(quotas.values()) and not any(i.on_demand_quota or is_on_demand(i.type) for i in profile.instances):
         return profile
     instances = []
     for inst in profile.instances:
-        instances.append(inst)
+        if is_on_demand(inst.type):
+            continue
+        spot = inst.model_copy(update={"on_demand_quota": quotas[inst.type]})
+        instances.append(spot)
         if quotas[inst.type] > 0:
-            instances.append(inst.model_copy(update={
-                "type": on_demand_name(inst.type), "spot_price": inst.on_demand_price, "quota": quotas[inst.type]}))
+            instances.append(spot.model_copy(update={"type": on_demand_name(inst.type), "spot_price": inst.on_demand_price,
+                                                     "quota": quotas[inst.type], "on_demand_quota": 0}))
     return profile.model_copy(update={"instances": instances})
 
 
