@@ -33,6 +33,27 @@ def market_of(name: str) -> str:
     return "on-demand" if is_on_demand(name) else "spot"
 
 
+def require_allowed(profile: Profile, name: str) -> None:
+    """A `TYPE:on-demand` name the profile has no twin for is refused in one line that says how to
+    allow it (an unknown name is left to profile.instance's message)."""
+    if is_on_demand(name) and name not in profile.type_names:
+        profile.instance(base_type(name))
+        raise UserInputError(f"{name!r} is an on-demand worker, and {base_type(name)} has no on-demand quota: "
+                             f"give it one (--on-demand-quota {base_type(name)}=N, or on_demand_quota in the profile)")
+
+
+def by_offer(overrides: dict[str, int], offers: dict) -> dict[str, int]:
+    """On-demand quota overrides for a plan over offers (offers.py: name -> Offer): a type's
+    applies to its offer in every region, as --quota's does; an offer's (TYPE@REGION) wins there."""
+    out = {}
+    for name, n in overrides.items():
+        if name in offers:
+            continue
+        regional = [o.name for o in offers.values() if o.type == name]
+        out.update(dict.fromkeys(regional, n) if regional else {name: n})
+    return out | {name: n for name, n in overrides.items() if name in offers}
+
+
 def on_demand_quotas(profile: Profile, overrides: dict[str, int]) -> dict[str, int]:
     """How many on-demand workers of each spot type a plan may use: the override by type name,
     else the profile's `on_demand_quota` (absent: 0)."""
