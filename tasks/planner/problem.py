@@ -197,6 +197,9 @@ def build_problem(req: PlanRequest) -> Problem:
         profile.instance(name)
         if not math.isfinite(h) or h < 0:
             raise UserInputError(f"hazard for {name} must be zero or more revocations per hour, got {h}")
+        if h > 0 and is_on_demand(name):  # the risk solver counts no revocation of theirs
+            raise UserInputError(f"hazard for {name}: on-demand workers are never revoked (name the spot "
+                                 f"type {base_type(name)})")
     _check_counts(profile, req.existing, "existing count")
     _check_counts(profile, req.quota, "quota")
 

@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import load_profile, profile_from_dict
-from tasks.planner import PlanRequest, solve, solve_problem
+from tasks.planner import PlanRequest, fastest_plan, solve, solve_problem
 from tasks.planner import exact
 from tasks.planner.brute import solve_brute_force
 from tasks.planner.exact import composition_count
 from tasks.planner.on_demand import (base_type, is_on_demand, market_of, on_demand_name, on_demand_quotas,
                                      split_counts, with_on_demand)
 from tasks.planner.problem import build_problem
+from tasks.planner.risk import SAMPLES, SEED, Frontier, _draws, assess
 from tests.helpers import SHIPPED_PROFILE, fastest, profiles, same_cost
 
 
@@ -102,7 +103,7 @@ def test_the_profile_field_is_checked_by_name(shipped, value, message):
 
 
 def test_existing_and_quota_may_name_twins_only_when_on_demand_is_allowed(shipped):
-    with pytest.raises(UserInputError, match="unknown instance type 'p3.2xlarge:on-demand'"):
+    with pytest.raises(UserInputError, match="^.p3.2xlarge:on-demand. is an on-demand worker, and p3.2xlarge has no on-demand quota"):
         solve(PlanRequest(shipped, 0.8, 3000, existing={"p3.2xlarge:on-demand": 1}))
     r = solve(PlanRequest(shipped, 0.8, 3000, existing={"p3.2xlarge:on-demand": 1},
                           on_demand_quota={"p3.2xlarge": 1}))
@@ -168,3 +169,44 @@ def test_exact_equals_brute_force_over_spot_and_on_demand_offers(case, loss, sla
     # rebuilt from its own request (the twins already in its profile), it plans the same
     rebuilt = build_problem(dataclasses.replace(problem.request))
     assert same_cost(solve_problem(rebuilt).predicted_cost_usd, brute.cost)
+
+
+# The risk-aware planner (risk.py): on-demand workers are never revoked.
+STORM_PER_H = 60.0  # revocations per spot instance-hour: no spot plan of the shipped profile survives it
+
+
+def stormy_problem(shipped, **kw):
+    return build_problem(PlanRequest(shipped, 0.8, 3000.0, solver="risk", target_probability=0.9,
+                                     hazards_per_h={t: STORM_PER_H for t in shipped.type_names}, **kw))
+
+
+def test_on_demand_workers_are_never_revoked_and_spot_ones_are_replaced_at_the_spot_price(shipped):
+    problem = stormy_problem(shipped, on_demand_quota={"p3.2xlarge": 4})
+    frontier = Frontier.of(problem, [fastest_plan(problem)[0].counts])
+    names = problem.model.types.names
+    on_demand_only = problem.model.counts_vector({"p3.2xlarge:on-demand": 4})
+    calm = assess(problem, on_demand_only, frontier)
+    assert calm.meet_probability == 1.0 and calm.expected_cost_usd == pytest.approx(calm.predicted_cost_usd, rel=1e-12)
+    mixed = problem.model.counts_vector({"p3.2xlarge": 2, "p3.2xlarge:on-demand": 2})
+    hazard_per_s = np.array([problem.request.hazards_per_h.get(n, 0.0) for n in names]) / 3600.0
+    draws = _draws(problem, mixed, hazard_per_s, problem.budget_s, SAMPLES, SEED)
+    arrived = np.isfinite(draws.times_s)
+    assert arrived.any()
+    # every revocation is a spot p3.2xlarge's, its replacement paid at the spot price, not the on-demand one
+    paid_per_arrival = np.diff(np.vstack([np.zeros(draws.paid_usd_per_h.shape[1]), draws.paid_usd_per_h]), axis=0)
+    np.testing.assert_allclose(paid_per_arrival[arrived], shipped.instance("p3.2xlarge").spot_price, rtol=1e-12)
+
+
+def test_in_a_storm_the_risk_planner_meets_its_level_with_on_demand_workers(shipped):
+    spot_only = solve_problem(stormy_problem(shipped))
+    assert spot_only.meet_probability < 0.9 and "no candidate meets the deadline" in spot_only.message
+    allowed = solve_problem(stormy_problem(shipped, on_demand_quota={t: 5 for t in shipped.type_names}))
+    assert allowed.meet_probability >= 0.9 and not allowed.message
+    assert split_counts(allowed.plan)["on-demand"]
+
+
+def test_a_hazard_for_an_on_demand_worker_is_refused(shipped):
+    kw = dict(solver="risk", on_demand_quota={"p3.2xlarge": 1})
+    with pytest.raises(UserInputError, match=r"^hazard for p3.2xlarge:on-demand: on-demand workers are never revoked"):
+        build_problem(PlanRequest(shipped, 0.8, 3000.0, hazards_per_h={"p3.2xlarge:on-demand": 1.0}, **kw))
+    build_problem(PlanRequest(shipped, 0.8, 3000.0, hazards_per_h={"p3.2xlarge:on-demand": 0.0}, **kw))
