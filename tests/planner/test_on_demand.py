@@ -126,6 +126,22 @@ def test_on_demand_offers_are_used_only_when_spot_runs_out(shipped):
     assert rescued.predicted_time_s <= tight and rescued.predicted_cost_usd > spot.predicted_cost_usd
 
 
+def test_over_regions_a_types_on_demand_quota_applies_to_its_offer_in_every_region(shipped):
+    regions = ("us-east-1", "ap-northeast-1")
+    problem = build_problem(PlanRequest(shipped, 0.8, 3000, regions=regions,
+                                        on_demand_quota={"p3.2xlarge": 2, "p3.2xlarge@ap-northeast-1": 1}))
+    twins = {n: int(q) for n, q in zip(problem.model.types.names, problem.upper) if is_on_demand(n)}
+    assert twins == {"p3.2xlarge@us-east-1:on-demand": 2, "p3.2xlarge@ap-northeast-1:on-demand": 1}
+    spot = problem.model.profile.instance("p3.2xlarge@us-east-1")
+    assert problem.model.profile.instance("p3.2xlarge@us-east-1:on-demand").spot_price == spot.on_demand_price
+    r = solve(PlanRequest(shipped, 0.8, 3000, regions=regions, on_demand_quota={"p3.2xlarge": 2},
+                          existing={"p3.2xlarge@us-east-1:on-demand": 1}))
+    assert r.plan["p3.2xlarge@us-east-1:on-demand"] >= 1
+    offer = r.offers["p3.2xlarge@us-east-1:on-demand"]
+    assert (offer["type"], offer["region"], offer["market"]) == ("p3.2xlarge", "us-east-1", "on-demand")
+    assert r.unit_usd_per_h["p3.2xlarge@us-east-1:on-demand"] == spot.on_demand_price
+
+
 @st.composite
 def on_demand_cases(draw):
     """A random small profile with on-demand prices at, above or (rarely in a market, still
