@@ -150,6 +150,8 @@ def plan(args: argparse.Namespace) -> int:
 def format_plan(request, result) -> str:
     """The plan as a table people read: one row per type (an on-demand worker's type says so),
     then the prediction."""
+    from tasks.planner.on_demand import split_counts
+
     width = max([16] + [len(name) + 2 for name in result.plan])
     rows = [f"{'type':<{width}}{'count':>6}{'existing':>10}{'$/h each':>10}{'$/h':>9}"]
     for name, n in sorted(result.plan.items()):
@@ -171,7 +173,7 @@ def format_plan(request, result) -> str:
         rows.append(f"min workers      {result.min_workers}" + ("" if request.min_workers else
                                                                 " (the smallest cluster the loss curve was fitted on)"))
     if result.on_demand_allowed:
-        split = {market: sum(counts.values()) for market, counts in result.to_json()["markets"].items()}
+        split = {market: sum(counts.values()) for market, counts in split_counts(result.plan).items()}
         rows.append(f"markets          {split['spot']} spot, {split['on-demand']} on-demand (never revoked)")
     if result.confidence is not None:
         c = result.confidence
