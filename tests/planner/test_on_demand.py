@@ -79,6 +79,18 @@ def test_twins_are_never_doubled_and_keep_their_quota_when_expanded_again(shippe
     np.testing.assert_array_equal(again.upper, problem.upper)
 
 
+def test_planning_at_the_intervals_upper_end_compares_with_the_central_plan_over_the_same_offers(shipped):
+    """The confidence path re-solves its own (built) request for the central plan: that plan may
+    use the on-demand workers the request allowed, as a fresh solve at the centre does."""
+    profile = profile_from_dict(shipped.model_dump() | {"uncertainty": {"time_log_sd": 0.05}})
+    short = {t: 0 for t in shipped.type_names} | {"p3.2xlarge": 1, "g4dn.4xlarge": 1}
+    kw = dict(quota=short, on_demand_quota={"p3.2xlarge": 3})
+    upper = solve(PlanRequest(profile, 0.8, 2500, confidence=0.9, **kw))
+    central = solve(PlanRequest(profile, 0.8, 2500, **kw))
+    assert split_counts(central.plan)["on-demand"]
+    assert upper.confidence["central_cost_usd"] == pytest.approx(central.predicted_cost_usd, rel=1e-12)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"nope.large": 1}, r"^unknown instance type 'nope.large' \(profile 'resnet110-cifar100' has: p3.2xlarge, "),
     ({"p3.2xlarge:on-demand": 1}, r"^on-demand quota for 'p3.2xlarge:on-demand': name the spot type \(p3.2xlarge\)$"),
