@@ -3,9 +3,13 @@ live in conftest.py). Test modules import from here, never from one another."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+
+from hypothesis import assume
+from hypothesis import strategies as st
 
 from tasks.core.profile import profile_from_dict
 from tasks.providers.base import InstanceType
@@ -73,3 +77,51 @@ def fake_result(rate: float) -> dict:
                          "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
                          "fill_config": {"slo_s": 0.5, "model": "cnn"}},
             "plot": None}
+
+
+KAPPAS = st.sampled_from([None, 0.25, 0.5, 0.75, 1.0])
+CONTENTION_BY = st.sampled_from([None, "workers", "load"])
+
+
+@st.composite
+def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY):
+    """Random small profiles (a hypothesis strategy) for the planner's property tests: types
+    t0.x, t1.x, ... with quotas up to max_quota, at least one of them above 0."""
+    m = draw(st.integers(1, max_types))
+    instances = []
+    for i in range(m):
+        instances.append({
+            "type": f"t{i}.x", "gpus": draw(st.sampled_from([1, 2, 4, 8])),
+            "batch_per_gpu": draw(st.sampled_from([256, 512, 1024])),
+            "compute_time_s": draw(st.floats(0.2, 4.0)),
+            "spot_price": draw(st.floats(0.1, 3.0)), "on_demand_price": 5.0,
+            "quota": draw(st.integers(0, max_quota)),
+        })
+    if all(i["quota"] == 0 for i in instances):
+        instances[0]["quota"] = 1
+    return profile_from_dict({
+        "workload": "w", "param_mb": draw(st.floats(2, 40)), "required_bandwidth_mbps": draw(st.floats(50, 300)),
+        "ps_bandwidth_mbps": draw(st.floats(300, 2000)), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
+        "contention": {"alpha1": draw(st.floats(-0.3, 1.2)), "beta1": draw(st.floats(-3.0, 0.5)), "by": draw(by)},
+        "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
+                 "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5,
+                 "kappa": draw(kappa)},
+        "instances": instances,
+    })
+
+
+def fastest(profile, loss, **kw):
+    """The fastest plan's time; cases where the target is met before training starts are skipped."""
+    from tasks.planner import PlanRequest, fastest_time_s  # here: the planner is not every test's
+    from tasks.planner.problem import build_problem
+
+    best = fastest_time_s(build_problem(PlanRequest(profile, loss, 1e12, **kw)))
+    assume(0 < best < math.inf)
+    return best
+
+
+def same_cost(a, b):
+    """Equal costs up to the planner's tie tolerance (COST_TIE_REL)."""
+    from tasks.planner.problem import COST_TIE_REL
+
+    return abs(a - b) <= COST_TIE_REL * max(abs(a), abs(b)) + 1e-15

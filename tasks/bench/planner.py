@@ -4,7 +4,9 @@ Cases: 5 x quota 10 (paper size), 5 x 50, 7 x 10, 7 x 50, 20 x 20 and 40 x 100 t
 each at a tight deadline (1.25 x the fastest plan's time) and a loose one (2 x). The first five
 types are the shipped ResNet-110 profile's; more are synthetic (synthetic.py, seed 7). The
 "market" case plans over offers (offers.py): every catalog GPU type sharing a GPU model with the
-shipped profile's types, in MARKET_REGIONS, quota 100 per offer. Times are medians of repeated
+shipped profile's types, in MARKET_REGIONS, quota 100 per offer; "market+od" adds each offer's
+on-demand twin (on_demand.py), its on-demand quota equal to its spot quota, so the search has
+twice the offers and every class two prices. Times are medians of repeated
 solves in this one run (wall and CPU seconds), the fastest-plan search timed too; brute force
 runs wherever its estimated time is under a minute.
 """
@@ -32,6 +34,7 @@ MARKET_QUOTA = 100
 DEADLINE_FACTORS = {"tight": 1.25, "loose": 2.0}
 LOSS_TARGET = 0.8
 BRUTE_BUDGET_S = 60.0
+ON_DEMAND_LIMIT_S = 1.0  # the exact solve over spot and on-demand offers should stay within this
 
 
 def _median_time_s(fn, repeats: int) -> tuple[float, object, float]:
@@ -46,11 +49,13 @@ def _median_time_s(fn, repeats: int) -> tuple[float, object, float]:
     return statistics.median(times), out, statistics.median(cpu)
 
 
-def market_case_profile(base):
-    """The shipped profile's GPU models across MARKET_REGIONS, MARKET_QUOTA per offer."""
+def market_case_profile(base, on_demand: bool = False):
+    """The shipped profile's GPU models across MARKET_REGIONS, MARKET_QUOTA per offer (on_demand:
+    as many on-demand workers of each offer, planned as its `:on-demand` twin)."""
     market, _ = market_profile(base, MARKET_REGIONS, {}, require_prices=False)
+    on_demand_quota = MARKET_QUOTA if on_demand else 0
     market = market.model_copy(update={"workload": f"{base.workload}-market", "instances": [
-        i.model_copy(update={"quota": MARKET_QUOTA}) for i in market.instances]})
+        i.model_copy(update={"quota": MARKET_QUOTA, "on_demand_quota": on_demand_quota}) for i in market.instances]})
     return market
 
 
@@ -69,6 +74,7 @@ def run_bench(quick: bool = False) -> dict:
     rate = None
     cases = [(f"{n} x {q}", extend_profile(base, n, q)) for n, q in CASES]
     cases.append(("market", market_case_profile(base)))
+    cases.append(("market+od", market_case_profile(base, on_demand=True)))
     with ProgressBar(len(cases), "bench planner") as bar:
         for case, profile in cases:
             open_problem = build_problem(PlanRequest(profile, LOSS_TARGET, 1e12))
@@ -84,17 +90,18 @@ def run_bench(quick: bool = False) -> dict:
                 t0 = time.perf_counter()
                 brute = solve_brute_force(open_problem, [p.budget_s for p in problems.values()])
                 brute_s = time.perf_counter() - t0
+            names = open_problem.model.types.names  # offers, on-demand twins included
             for b, (name, problem) in enumerate(problems.items()):
                 h_s, (h_best, _), _ = _median_time_s(lambda: solve_heuristic(problem), repeats)
                 e_s, (e_best, stats), e_cpu = _median_time_s(lambda: exact.search(problem, "cost"), repeats)
                 row = {
-                    "case": case, "types": len(profile.instances),
-                    "quota": int(max(i.quota for i in profile.instances)), "deadline": name,
+                    "case": case, "types": len(names),
+                    "quota": int(open_problem.upper.max()), "deadline": name,
                     "deadline_s": problem.budget_s, "heuristic_s": h_s, "exact_s": e_s, "exact_cpu_s": e_cpu,
                     "fastest_search_s": f_s, "fastest_search_cpu_s": f_cpu,
                     "heuristic_cost_usd": h_best.cost, "exact_cost_usd": e_best.cost,
                     "gap": (h_best.cost / e_best.cost - 1) if np.isfinite(h_best.cost) else None,
-                    "exact_plan": {profile.instances[i].type: int(c) for i, c in enumerate(e_best.counts) if c},
+                    "exact_plan": {names[i]: int(c) for i, c in enumerate(e_best.counts) if c},
                     "exact_nodes": stats.nodes, "exact_clusters_scored": stats.evaluated,
                     "compositions": count, "brute_estimate_s": brute_est_s,
                     "brute_s": None, "brute_cost_usd": None, "exact_equals_brute": None,
@@ -106,11 +113,13 @@ def run_bench(quick: bool = False) -> dict:
                 rows.append(row)
             bar.advance(note=case)
     checked = [r for r in rows if r["exact_equals_brute"] is not None]
+    on_demand_s = max(r["exact_s"] for r in rows if r["case"] == "market+od")
     return {
         "loss_target": LOSS_TARGET, "repeats": repeats, "rows": rows,
         "exact_never_worse": all(r["exact_cost_usd"] <= r["heuristic_cost_usd"] * (1 + COST_TIE_REL) for r in rows),
         "brute_checked": len(checked), "brute_all_equal": all(r["exact_equals_brute"] for r in checked),
         "max_gap": max((r["gap"] for r in rows if r["gap"] is not None), default=None),
+        "on_demand_exact_s": on_demand_s, "on_demand_within_limit": on_demand_s <= ON_DEMAND_LIMIT_S,
     }
 
 
@@ -133,4 +142,6 @@ def format_table(result: dict) -> str:
                  f"brute force agrees on {result['brute_checked']} case(s): {result['brute_all_equal']}; "
                  f"largest heuristic gap: {100 * (result['max_gap'] or 0):.1f}%  (median of {result['repeats']} solves; "
                  f"market: {', '.join(MARKET_REGIONS)}, quota {MARKET_QUOTA} per offer)")
+    lines.append(f"market with on-demand offers: slowest exact solve {1000 * result['on_demand_exact_s']:.1f} ms, "
+                 f"within {ON_DEMAND_LIMIT_S:g} s: {result['on_demand_within_limit']}")
     return "\n".join(lines)

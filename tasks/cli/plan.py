@@ -16,7 +16,10 @@ from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict time and cost of a given cluster")
     p.add_argument("profile")
-    p.add_argument("--cluster", required=True, type=cli_args.counts, help="TYPE=N,TYPE=N")
+    p.add_argument("--cluster", required=True, type=cli_args.counts,
+                   help="TYPE=N,TYPE=N (TYPE:on-demand=N for on-demand workers of a type given an on-demand quota)")
+    p.add_argument("--on-demand-quota", type=cli_args.counts, default={},
+                   help="TYPE=N,... on-demand workers allowed per type (overrides the profile's on_demand_quota)")
     p.add_argument("--loss", required=True, type=cli_args.finite_float, help="target loss")
     p.add_argument("--bandwidth-margin", type=cli_args.nonnegative_float, default=0.0,
                    help="discount network bandwidths by this fraction (e.g. 0.03)")
@@ -33,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver", choices=solver_names(uses_hazards=False), default=DEFAULT_SOLVER)
     p.add_argument("--existing", type=cli_args.counts, default={}, help="TYPE=N,... already running")
     p.add_argument("--quota", type=cli_args.counts, default={}, help="TYPE=N,... (overrides the profile)")
+    p.add_argument("--on-demand-quota", type=cli_args.counts, default={},
+                   help="TYPE=N,... also plan up to N on-demand workers of TYPE, named TYPE:on-demand "
+                        "(overrides the profile's on_demand_quota)")
     p.add_argument("--overhead", type=cli_args.nonnegative_duration_s, default=0.0,
                    help="seconds taken off the deadline for starting new instances (T_ohd)")
     p.add_argument("--current-loss", type=cli_args.finite_float, default=None,
@@ -63,16 +69,19 @@ def require_finite(values: dict, source: str) -> None:
 
 
 def predict(args: argparse.Namespace) -> int:
+    from tasks.planner.on_demand import require_allowed, with_on_demand
     from tasks.planner.problem import require_training
 
     if args.level is not None:
         check_level(args.level, "--level")
-    profile = load_profile(args.profile)
+    profile = with_on_demand(load_profile(args.profile), args.on_demand_quota)
     if args.level is not None and profile.uncertainty is None:
         raise UserInputError(f"--level {args.level:g}: {args.profile} has no uncertainty.time_log_sd (the error spread "
                              "`spotfill profile` measures), so it gives no interval")
     if not args.cluster or sum(args.cluster.values()) == 0:
         raise UserInputError("--cluster names no instance (expected TYPE=N with N > 0)")
+    for name in args.cluster:
+        require_allowed(profile, name)
     profile.loss.require_reachable(args.loss)
     if args.bandwidth_margin >= 1:
         raise UserInputError(f"--bandwidth-margin must be below 1, got {args.bandwidth_margin}")
@@ -121,7 +130,7 @@ def plan(args: argparse.Namespace) -> int:
         raise UserInputError(f"--out {args.out} is the profile this plan reads: it would be replaced by the plan")
     request = PlanRequest(
         profile=load_profile(args.profile), loss_target=args.loss, deadline_s=args.deadline,
-        existing=args.existing, quota=args.quota, overhead_s=args.overhead,
+        existing=args.existing, quota=args.quota, on_demand_quota=args.on_demand_quota, overhead_s=args.overhead,
         current_loss=args.current_loss, bandwidth_margin=args.bandwidth_margin, solver=args.solver,
         regions=() if args.regions is None else parse_regions(args.regions),
         confidence=args.confidence, min_workers=args.min_workers,
@@ -139,12 +148,15 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def format_plan(request, result) -> str:
-    """The plan as a table people read: one row per type, then the prediction."""
+    """The plan as a table people read: one row per type (an on-demand worker's type says so),
+    then the prediction."""
+    from tasks.planner.on_demand import split_counts
+
     width = max([16] + [len(name) + 2 for name in result.plan])
     rows = [f"{'type':<{width}}{'count':>6}{'existing':>10}{'$/h each':>10}{'$/h':>9}"]
     for name, n in sorted(result.plan.items()):
         offer = (result.offers or {}).get(name)
-        price = offer["spot_usd_per_h"] if offer else request.profile.instance(name).spot_price
+        price = result.unit_usd_per_h[name]
         note = f"  estimated from {offer['estimated_from']}" if offer and offer["estimated"] else ""
         rows.append(f"{name:<{width}}{n:>6}{request.existing.get(name, 0):>10}{price:>10.4f}{n * price:>9.4f}{note}")
     rows.append(f"{'total':<{width}}{sum(result.plan.values()):>6}{sum(request.existing.values()):>10}{'':>10}{result.usd_per_h:>9.4f}")
@@ -160,6 +172,9 @@ def format_plan(request, result) -> str:
     if result.min_workers > 1:
         rows.append(f"min workers      {result.min_workers}" + ("" if request.min_workers else
                                                                 " (the smallest cluster the loss curve was fitted on)"))
+    if result.on_demand_allowed:
+        split = {market: sum(counts.values()) for market, counts in split_counts(result.plan).items()}
+        rows.append(f"markets          {split['spot']} spot, {split['on-demand']} on-demand (never revoked)")
     if result.confidence is not None:
         c = result.confidence
         rows.append(f"confidence       {c['level']:.0%}: upper end {c['upper_time_s']:.1f} s; "

@@ -33,6 +33,27 @@ def market_of(name: str) -> str:
     return "on-demand" if is_on_demand(name) else "spot"
 
 
+def require_allowed(profile: Profile, name: str) -> None:
+    """A `TYPE:on-demand` name the profile has no twin for is refused in one line that says how to
+    allow it (an unknown name is left to profile.instance's message)."""
+    if is_on_demand(name) and name not in profile.type_names:
+        profile.instance(base_type(name))
+        raise UserInputError(f"{name!r} is an on-demand worker, and {base_type(name)} has no on-demand quota: "
+                             f"give it one (--on-demand-quota {base_type(name)}=N, or on_demand_quota in the profile)")
+
+
+def by_offer(overrides: dict[str, int], offers: dict) -> dict[str, int]:
+    """On-demand quota overrides for a plan over offers (offers.py: name -> Offer): a type's
+    applies to its offer in every region, as --quota's does; an offer's (TYPE@REGION) wins there."""
+    out = {}
+    for name, n in overrides.items():
+        if name in offers:
+            continue
+        regional = [o.name for o in offers.values() if o.type == name]
+        out.update(dict.fromkeys(regional, n) if regional else {name: n})
+    return out | {name: n for name, n in overrides.items() if name in offers}
+
+
 def on_demand_quotas(profile: Profile, overrides: dict[str, int]) -> dict[str, int]:
     """How many on-demand workers of each spot type a plan may use: the override by type name,
     else the profile's `on_demand_quota` (absent: 0)."""
@@ -41,27 +62,26 @@ def on_demand_quotas(profile: Profile, overrides: dict[str, int]) -> dict[str, i
         if name not in spot:
             profile.instance(base_type(name))  # names the known types in its message
             raise UserInputError(f"on-demand quota for {name!r}: name the spot type ({base_type(name)})")
-    return {t: int(overrides.get(t, getattr(profile.instance(t), "on_demand_quota", 0) or 0)) for t in spot}
+    return {t: int(overrides.get(t, profile.instance(t).on_demand_quota)) for t in spot}
 
 
 def with_on_demand(profile: Profile, overrides: dict[str, int] | None = None) -> Profile:
     """The profile with a `TYPE:on-demand` twin after each spot type whose on-demand quota is
-    above 0 (none added: the profile itself). A profile that already has twins is returned as is,
-    with their quotas overridden."""
-    overrides = overrides or {}
-    quotas = on_demand_quotas(profile, overrides)
-    if any(is_on_demand(i.type) for i in profile.instances):
-        return profile.model_copy(update={"instances": [
-            i.model_copy(update={"quota": quotas[base_type(i.type)]}) if is_on_demand(i.type) else i
-            for i in profile.instances]})
-    if not any(quotas.values()):
+    above 0 (none, and none overridden: the profile itself). Each spot type's `on_demand_quota`
+    becomes the quota used, so expanding the result again (a request built once, then rebuilt)
+    gives the same offers: twins are never doubled, nor an override lost."""
+    quotas = on_demand_quotas(profile, overrides or {})
+    if not any(quotas.values()) and not any(i.on_demand_quota or is_on_demand(i.type) for i in profile.instances):
         return profile
     instances = []
     for inst in profile.instances:
-        instances.append(inst)
+        if is_on_demand(inst.type):
+            continue
+        spot = inst.model_copy(update={"on_demand_quota": quotas[inst.type]})
+        instances.append(spot)
         if quotas[inst.type] > 0:
-            instances.append(inst.model_copy(update={
-                "type": on_demand_name(inst.type), "spot_price": inst.on_demand_price, "quota": quotas[inst.type]}))
+            instances.append(spot.model_copy(update={"type": on_demand_name(inst.type), "spot_price": inst.on_demand_price,
+                                                     "quota": quotas[inst.type], "on_demand_quota": 0}))
     return profile.model_copy(update={"instances": instances})
 
 

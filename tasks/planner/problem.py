@@ -13,7 +13,7 @@ from tasks.core.intervals import time_factor
 from tasks.core.model import Model
 from tasks.core.profile import Profile
 from tasks.planner.offers import market_profile
-from tasks.planner.on_demand import with_on_demand
+from tasks.planner.on_demand import base_type, by_offer, is_on_demand, require_allowed, split_counts, with_on_demand
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver
 
 # Costs within this relative distance are ties (then lower time, then fewer instances win), so
@@ -126,6 +126,11 @@ class PlanResult:
     # the centre's cost) and extra_cost_usd (what meeting the deadline at the upper end adds)
     confidence: dict | None = None
     min_workers: int = 1  # the floor the plan was held to (Problem.min_workers)
+    # what one instance of each planned offer costs per hour, as the solve priced it (a spot type,
+    # an offer, an on-demand twin): the table people read shows it
+    unit_usd_per_h: dict[str, float] = field(default_factory=dict)
+    # on-demand offers were allowed (on_demand.py): the JSON then splits the plan by market
+    on_demand_allowed: bool = False
 
     @property
     def feasible(self) -> bool:
@@ -145,11 +150,13 @@ class PlanResult:
             **({} if self.offers is None else {"offers": self.offers}),
             **({} if self.confidence is None else {"confidence": self.confidence}),
             **({} if self.min_workers == 1 else {"min_workers": self.min_workers}),
+            **({"markets": split_counts(self.plan)} if self.on_demand_allowed else {}),
         }
 
 
 def _check_counts(profile: Profile, counts: dict[str, int], what: str) -> None:
     for name, n in counts.items():
+        require_allowed(profile, name)
         profile.instance(name)
         if not isinstance(n, (int, np.integer)) or n < 0:
             raise UserInputError(f"{what} for {name} must be a non-negative integer, got {n!r}")
@@ -160,7 +167,8 @@ def build_problem(req: PlanRequest) -> Problem:
     offers = None
     if req.regions:
         market, offers = market_profile(req.profile, tuple(req.regions), req.quota)
-        req = dataclasses.replace(req, profile=market, quota={}, regions=())
+        req = dataclasses.replace(req, profile=market, quota={}, regions=(),
+                                  on_demand_quota=by_offer(req.on_demand_quota, offers))
     req = dataclasses.replace(req, profile=with_on_demand(req.profile, req.on_demand_quota), on_demand_quota={})
     profile = req.profile
     g5 = profile.loss.gamma5
@@ -189,6 +197,9 @@ def build_problem(req: PlanRequest) -> Problem:
         profile.instance(name)
         if not math.isfinite(h) or h < 0:
             raise UserInputError(f"hazard for {name} must be zero or more revocations per hour, got {h}")
+        if h > 0 and is_on_demand(name):  # the risk solver counts no revocation of theirs
+            raise UserInputError(f"hazard for {name}: on-demand workers are never revoked (name the spot "
+                                 f"type {base_type(name)})")
     _check_counts(profile, req.existing, "existing count")
     _check_counts(profile, req.quota, "quota")
 
@@ -256,17 +267,23 @@ def require_training(iterations: float, loss_target: float, cluster: dict[str, i
 def make_result(problem: Problem, counts: np.ndarray | None, solver: str, status: str, solve_s: float,
                 evaluated: int, fastest_time_s: float | None = None, message: str = "") -> PlanResult:
     names = problem.model.types.names
+    on_demand_allowed = any(is_on_demand(name) for name in names)
     if counts is None:
         nan = float("nan")
         return PlanResult("infeasible", {}, nan, nan, nan, nan, nan, nan, solver, solve_s, evaluated,
-                          fastest_time_s, message, min_workers=problem.min_workers)
+                          fastest_time_s, message, min_workers=problem.min_workers, on_demand_allowed=on_demand_allowed)
     r = problem.evaluate(counts)
     plan = {names[i]: int(c) for i, c in enumerate(counts) if c > 0}
-    offers = None if problem.offers is None else {name: problem.offers[name].to_json() for name in plan}
+    unit_usd_per_h = {names[i]: float(problem.model.prices_usd_per_h[i]) for i, c in enumerate(counts) if c > 0}
+    # an on-demand twin of an offer is bought in the offer's region, on the other market
+    offers = None if problem.offers is None else {
+        name: problem.offers[base_type(name)].to_json() | ({"market": "on-demand"} if is_on_demand(name) else {})
+        for name in plan}
     return PlanResult(
         status=status, plan=plan,
         predicted_time_s=float(r["time_s"][0]), predicted_cost_usd=float(r["cost_usd"][0]),
         iterations=float(r["iterations"][0]), wa_batch=float(r["wa_batch"][0]), cc=float(r["cc"][0]),
         usd_per_h=float(r["usd_per_h"][0]), solver=solver, solve_seconds=solve_s, evaluated=evaluated,
-        message=message, offers=offers, min_workers=problem.min_workers,
+        message=message, offers=offers, min_workers=problem.min_workers, unit_usd_per_h=unit_usd_per_h,
+        on_demand_allowed=on_demand_allowed,
     )

@@ -7,11 +7,13 @@ had), each also with every type capped at SPREAD_CAP instances (spread across ty
 type's revocations cost less). Each candidate's P(meet) and expected cost come from a fast
 vectorised Monte Carlo with a fixed seed (common random numbers for all candidates):
 - revocations of type m arrive as a Poisson process at n_m * h_m over the budget window (later
-  ones cannot make the deadline be missed);
+  ones cannot make the deadline be missed); on-demand workers (`TYPE:on-demand`, on_demand.py)
+  have no hazard (build_problem refuses one), so they are never revoked;
 - a revocation while training runs removes one instance of its type for `recovery_s` (its
   replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
   where T is the model's predicted time; a revocation after completion does not count;
-- the replacement is paid from its launch, the cluster for the whole (delayed) run;
+- the replacement, of the revoked worker's spot type at its price, is paid from its launch, the
+  cluster for the whole (delayed) run;
 - re-planning: when a revocation first pushes the projected finish F past the deadline, the
   re-planner switches, once the overhead has passed, to the cheapest plan that does the rest of
   the work in the time left. The rest is the share phi = (F - switch) / T_plan of a whole run;

@@ -14,49 +14,9 @@ from tasks.planner.brute import solve_brute_force
 from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
 from tasks.planner.problem import COST_TIE_REL, build_problem
-from tests.helpers import SHIPPED_PROFILE
+from tests.helpers import SHIPPED_PROFILE, fastest, profiles, same_cost
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-KAPPAS = st.sampled_from([None, 0.25, 0.5, 0.75, 1.0])
-CONTENTION_BY = st.sampled_from([None, "workers", "load"])
-
-
-@st.composite
-def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY):
-    m = draw(st.integers(1, max_types))
-    instances = []
-    for i in range(m):
-        instances.append({
-            "type": f"t{i}.x", "gpus": draw(st.sampled_from([1, 2, 4, 8])),
-            "batch_per_gpu": draw(st.sampled_from([256, 512, 1024])),
-            "compute_time_s": draw(st.floats(0.2, 4.0)),
-            "spot_price": draw(st.floats(0.1, 3.0)), "on_demand_price": 5.0,
-            "quota": draw(st.integers(0, max_quota)),
-        })
-    if all(i["quota"] == 0 for i in instances):
-        instances[0]["quota"] = 1
-    return profile_from_dict({
-        "workload": "w", "param_mb": draw(st.floats(2, 40)), "required_bandwidth_mbps": draw(st.floats(50, 300)),
-        "ps_bandwidth_mbps": draw(st.floats(300, 2000)), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
-        "contention": {"alpha1": draw(st.floats(-0.3, 1.2)), "beta1": draw(st.floats(-3.0, 0.5)), "by": draw(by)},
-        "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
-                 "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5,
-                 "kappa": draw(kappa)},
-        "instances": instances,
-    })
-
-
-def fastest(profile, loss, **kw):
-    """The fastest plan's time; cases where the target is met before training starts are skipped."""
-    best = fastest_time_s(build_problem(PlanRequest(profile, loss, 1e12, **kw)))
-    assume(0 < best < math.inf)
-    return best
-
-
-def same_cost(a, b):
-    return abs(a - b) <= COST_TIE_REL * max(abs(a), abs(b)) + 1e-15
 
 
 @SETTINGS
