@@ -63,30 +63,34 @@ def deadline_safe(request: PlanRequest, reserve_s: float) -> Replanned:
     rest, which is how a run goes back to spot once capacity returns and the slack allows."""
     answers: dict[int, Replanned] = {}
 
-    def answer(r: PlanRequest) -> Replanned:
+    def answer(r: PlanRequest) -> tuple[bool, float]:
         if id(r) not in answers:
             answers[id(r)] = cheapest_or_fastest(r)
-        return answers[id(r)]
+        return answers[id(r)].at_risk is None, answers[id(r)].result.predicted_time_s
 
-    chosen = deadline_safe_choice(request, reserve_s, lambda r: answer(r).at_risk is None,
-                                  lambda r: fastest_result(r).predicted_time_s)
-    return answer(chosen)
+    chosen = deadline_safe_choice(request, reserve_s, answer, lambda r: fastest_result(r).predicted_time_s)
+    answer(chosen)
+    return answers[id(chosen)]
 
 
-def deadline_safe_choice(request: PlanRequest, reserve_s: float, meets: Callable[[PlanRequest], bool],
+def deadline_safe_choice(request: PlanRequest, reserve_s: float, answer: Callable[[PlanRequest], tuple[bool, float]],
                          fastest_s: Callable[[PlanRequest], float]) -> PlanRequest:
     """The question whose answer deadline_safe takes (the live session and the replay's memo ask
-    their own way): `meets(r)`, whether r's answer meets its deadline; `fastest_s(r)`, the
-    fastest plan's time under r's quotas and survivors."""
+    their own way): `answer(r)`, whether r's answer meets its deadline and its predicted time;
+    `fastest_s(r)`, the fastest plan's time under r's quotas and survivors."""
     spot_survivors = {t: n for t, n in request.existing.items() if not is_on_demand(t)}
     mixed = dataclasses.replace(request, existing=spot_survivors)
     spot_types = [i.type for i in request.profile.instances if not is_on_demand(i.type)]
     spot_only = dataclasses.replace(mixed, on_demand_quota={t: 0 for t in spot_types})
-    if (request.deadline_s > request.overhead_s and can_provision(spot_only) and meets(spot_only)
-            and can_provision(mixed) and fastest_s(mixed) + reserve_s <= request.deadline_s):
-        return spot_only
+    if request.deadline_s > request.overhead_s and can_provision(spot_only):
+        meets, time_s = answer(spot_only)
+        # safe if the spot plan itself leaves the reserve (the fastest mix, which may use every
+        # spot instance and more, is no slower), else if the fastest mix does
+        if meets and (time_s + request.overhead_s + reserve_s <= request.deadline_s
+                      or fastest_s(mixed) + reserve_s <= request.deadline_s):
+            return spot_only
     reserved = dataclasses.replace(mixed, deadline_s=request.deadline_s - reserve_s)
-    if reserved.deadline_s > reserved.overhead_s and can_provision(reserved) and meets(reserved):
+    if reserved.deadline_s > reserved.overhead_s and can_provision(reserved) and answer(reserved)[0]:
         return reserved
     return mixed
 
@@ -114,12 +118,13 @@ class _Answers:
     ends: list[float] = field(default_factory=list)  # the largest scaled budget it was optimal at
     plans: list[dict[str, int]] = field(default_factory=list)
 
-    def lookup(self, budget: float) -> tuple[dict[str, int], bool] | None:
-        """The plan for this budget and whether it is the fastest plan (none meets it), if known."""
+    def lookup(self, budget: float) -> tuple[dict[str, int], bool, float] | None:
+        """The plan for this budget, whether it is the fastest plan (none meets it) and its scaled
+        time, if known."""
         if self.fastest is not None and budget < self.fastest[0] * (1 - COST_TIE_REL):
-            return self.fastest[1], True
+            return self.fastest[1], True, self.fastest[0]
         i = bisect.bisect_right(self.starts, budget * (1 + COST_TIE_REL)) - 1  # plans' intervals are disjoint
-        return (self.plans[i], False) if i >= 0 and self.ends[i] * (1 + COST_TIE_REL) >= budget else None
+        return (self.plans[i], False, self.starts[i]) if i >= 0 and self.ends[i] * (1 + COST_TIE_REL) >= budget else None
 
     def learn(self, budget: float, time_scaled: float, plan: dict[str, int]) -> None:
         for i, known in enumerate(self.plans):
@@ -148,14 +153,18 @@ class ReplanMemo:
 
     def deadline_safe(self, request: PlanRequest, reserve_s: float) -> dict[str, int]:
         """deadline_safe(request, reserve_s).result.plan, through the memo."""
-        return self.plan(deadline_safe_choice(request, reserve_s, lambda r: not self.answer(r)[1], self.fastest_s))
+        def meets_in(r: PlanRequest) -> tuple[bool, float]:
+            _, at_risk, time_s = self.answer(r)
+            return not at_risk, time_s
+
+        return self.plan(deadline_safe_choice(request, reserve_s, meets_in, self.fastest_s))
 
     def fastest_s(self, request: PlanRequest) -> float:
         """The fastest plan's time under the request's quotas and survivors (remembered as the
         answer below its time)."""
         key, du = self._key(request)
-        if key is None:
-            return fastest_result(request).predicted_time_s
+        if key is None:  # before training (or with hazards) times do not scale, but the fastest is one number
+            key, du = ("unscaled", request.current_loss, _request_key(request)), 1.0
         answers = self.answers.setdefault(key, _Answers())
         if answers.fastest is None:
             self.solves += 1
@@ -163,8 +172,9 @@ class ReplanMemo:
             answers.fastest = (result.predicted_time_s / du, result.plan)
         return answers.fastest[0] * du
 
-    def answer(self, request: PlanRequest) -> tuple[dict[str, int], bool]:
-        """The plan, and whether it is the fastest plan because none meets the deadline."""
+    def answer(self, request: PlanRequest) -> tuple[dict[str, int], bool, float]:
+        """The plan, whether it is the fastest plan because none meets the deadline, and its
+        predicted time."""
         key, du = self._key(request)
         self.profiles[id(request.profile)] = request.profile
         budget = (request.deadline_s - request.overhead_s) / du if key is not None else None
@@ -172,7 +182,8 @@ class ReplanMemo:
             known = self.answers.setdefault(key, _Answers()).lookup(budget)
             if known is not None:
                 self.hits += 1
-                return known
+                plan, at_risk, time_scaled = known
+                return plan, at_risk, time_scaled * du
         self.solves += 1
         replanned = cheapest_or_fastest(request)
         plan = replanned.result.plan
@@ -183,7 +194,7 @@ class ReplanMemo:
                 answers.learn(budget, time_scaled, plan)
             else:
                 answers.fastest = (time_scaled, plan)
-        return plan, replanned.at_risk is not None
+        return plan, replanned.at_risk is not None, replanned.result.predicted_time_s
 
     @staticmethod
     def _key(request: PlanRequest) -> tuple[tuple | None, float]:
@@ -193,8 +204,11 @@ class ReplanMemo:
             return None, float("nan")
         g5 = request.profile.loss.gamma5
         du = 1.0 / (request.loss_target - g5) - 1.0 / (request.current_loss - g5)
-        key = (id(request.profile), request.loss_target, request.solver, request.on_demand, request.bandwidth_margin,
-               tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())),
-               tuple(sorted(request.on_demand_quota.items())), tuple(request.regions),
-               request.min_workers)
-        return key, du
+        return _request_key(request), du
+
+
+def _request_key(request: PlanRequest) -> tuple:
+    """What a re-plan's answer depends on besides its budget and remaining progress."""
+    return (id(request.profile), request.loss_target, request.solver, request.on_demand, request.bandwidth_margin,
+            tuple(sorted(request.existing.items())), tuple(sorted(request.quota.items())),
+            tuple(sorted(request.on_demand_quota.items())), tuple(request.regions), request.min_workers)

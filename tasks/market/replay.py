@@ -210,10 +210,13 @@ class _Fleet:
         self.releases.extend([math.inf] * n)
         self.ends.extend([None] * n)
 
-    def newest(self, m: int, staying: bool) -> list[int]:
-        """Alive instances of type m, newest first (staying: only those not being released)."""
-        mine = [i for i in self.alive() if self.kind[i] == m and not (staying and self.releases[i] < math.inf)]
-        return sorted(mine, key=lambda i: -self.launched[i])
+    def by_type(self) -> dict[int, list[int]]:
+        """Alive instances by type, newest first."""
+        out: dict[int, list[int]] = {}
+        for i in reversed(range(len(self.ends))):
+            if self.ends[i] is None:
+                out.setdefault(self.kind[i], []).append(i)
+        return out
 
     def cost_usd(self, prices: np.ndarray, until_s: float) -> float:
         return sum(prices[k] * ((until_s if e is None else e) - l0)
@@ -260,32 +263,36 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         """Run `plan` from now: launch what it adds (within spot capacity), release what it drops
         (when the added instances join; at once if none are added). Returns refused counts."""
         want = model.counts_vector(plan)
-        staying = fleet.counts(staying=True)
+        held = fleet.by_type()  # alive instances per type, newest first
         refused: dict[int, int] = {}
         added = False
-        for m in range(len(names)):
-            extra = int(want[m] - staying[m])
-            for i in fleet.newest(m, staying=False)[: max(extra, 0)]:
-                if fleet.releases[i] < math.inf:  # wanted again: keep it
+        surplus: list[int] = []
+        for m, mine in held.items():
+            staying = [i for i in mine if fleet.releases[i] == math.inf]
+            if len(staying) > want[m]:
+                surplus += staying[: len(staying) - int(want[m])]
+        for m in np.flatnonzero(want):
+            mine = held.get(int(m), [])
+            extra = int(want[m]) - sum(1 for i in mine if fleet.releases[i] == math.inf)
+            for i in mine:
+                if extra <= 0:
+                    break
+                if fleet.releases[i] < math.inf:  # being released, wanted again: keep it
                     fleet.releases[i] = math.inf
                     extra -= 1
             if extra <= 0:
                 continue
-            if spot and limited:
-                free = market.capacity_at(m, now_s) - len(fleet.newest(m, staying=False))
-                granted = int(max(0.0, min(extra, free)))
+            if limited:
+                granted = int(max(0.0, min(extra, market.capacity_at(int(m), now_s) - len(mine))))
                 if granted < extra:
-                    refused[m] = extra - granted
+                    refused[int(m)] = extra - granted
                 extra = granted
             if extra > 0:
-                times = market.revocation_times_s(m, extra, now_s) if spot else np.full(extra, np.inf)
-                fleet.add(m, times, now_s, join_s)
+                times = market.revocation_times_s(int(m), extra, now_s) if spot else np.full(extra, np.inf)
+                fleet.add(int(m), times, now_s, join_s)
                 added = True
-        release_s = join_s if added else now_s
-        for m in range(len(names)):
-            surplus = int(fleet.counts(staying=True)[m] - want[m])
-            for i in fleet.newest(m, staying=True)[: max(surplus, 0)]:
-                fleet.releases[i] = max(release_s, now_s)
+        for i in surplus:
+            fleet.releases[i] = join_s if added else now_s
         return refused
 
     def decide() -> float:
@@ -296,8 +303,9 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
             refused = launch(decision.plan, t, t + (cfg.overhead_s if t > 0 or loss is not None else 0.0))
             if not refused:
                 break
+            held = fleet.by_type()
             for m in refused:
-                caps[names[m]] = len(fleet.newest(m, staying=False))
+                caps[names[m]] = len(held.get(m, []))
         return decision.wake_at_s
 
     if first_plan is not None and not limited:
@@ -340,10 +348,10 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
                 fleet.ends[i] = t
         gone = [i for i in alive if fleet.revokes[i] <= t and fleet.ends[i] is None]
         if limited and next_capacity <= t:  # capacity below what runs takes the newest
-            for m in range(len(names)):
-                held = fleet.newest(m, staying=False)
+            for m, held in fleet.by_type().items():
                 over = len(held) - market.capacity_at(m, t)
                 gone += [i for i in held[: int(max(over, 0))] if i not in gone]
+            for m in range(len(names)):
                 if market.capacity_at(m, t) > market.capacity_at(m, t - 1e-9):
                     caps.pop(names[m], None)  # capacity rose: what was refused may be had again
         for i in gone:
