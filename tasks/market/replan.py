@@ -22,7 +22,7 @@ import bisect
 import dataclasses
 from dataclasses import dataclass, field
 
-from tasks.core.errors import InfeasibleError
+from tasks.core.errors import InfeasibleError, UserInputError
 from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
 from tasks.planner.on_demand import is_on_demand
 from tasks.planner.problem import COST_TIE_REL, make_result
@@ -69,8 +69,8 @@ def deadline_safe(request: PlanRequest, reserve_s: float) -> Replanned:
         if deadline_s > candidate.overhead_s:
             try:
                 return Replanned(solve(dataclasses.replace(candidate, deadline_s=deadline_s)))
-            except InfeasibleError:
-                pass
+            except UserInputError:  # infeasible, or a floor (min_workers) spot alone cannot reach;
+                pass  # bad input the mixed request shares is raised by the last call below
     return cheapest_or_fastest(mixed)
 
 
