@@ -89,7 +89,7 @@ class ProviderSettings(BaseModel):
     capacity: dict[str, int] = Field(default_factory=dict, description=(
         "local: spot instances the emulated market has of each type (default: unlimited)"))
     capacity_traces: dict[str, str] = Field(default_factory=dict, description=(
-        "local: a capacity trace file per type (docs/formats.md), played from the launch at "
+        "local: a capacity trace file per type (docs/market.md), played from the launch at "
         "revocations.time_scale: spot launches above it are refused, drops revoke the excess"))
     droughts_s: dict[str, float] = Field(default_factory=dict, description=(
         "local: no spot capacity of the type for this many seconds from the run's first revocation notice"))

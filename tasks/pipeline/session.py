@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,7 +143,9 @@ class TrainingSession:
 
     def compare_alternatives(self) -> list[dict]:
         """The chosen plan beside the plans people would otherwise pick (alternatives.py), kept for the report."""
-        self.alternatives = plan_alternatives(self.plan_request(self.request.slo.deadline_s))
+        # over spot offers: the baselines (the paper's heuristic, one type alone, all on-demand) know no twins
+        spot_only = replace(self.plan_request(self.request.slo.deadline_s), on_demand_quota={})
+        self.alternatives = plan_alternatives(spot_only)
         return self.alternatives
 
     def min_workers(self) -> int | None:
