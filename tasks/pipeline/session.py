@@ -384,7 +384,8 @@ class TrainingSession:
         instances, the time left and the loss reached, under the current quotas (lowered by what
         the market refused). Recorded as a plan, a re-plan and a timeline entry."""
         self.replans += 1
-        self.replan_reason = reason
+        refused = self.shortfalls[-1] if reason == "capacity" and self.shortfalls else None
+        self.replan_reason = f"{reason}: {refused['why']}" if refused else reason  # what on-demand workers are for
         if "probe" in reason.split("+"):  # try spot again: the market may have capacity back
             self.quota |= self.spot_quota
             self.last_probe_s = t_s
