@@ -170,3 +170,36 @@ def test_a_run_through_a_drought_shows_its_on_demand_workers_and_their_cost(pref
     report = (Path(summary["report_dir"]) / "report.md").read_text()
     assert "## On-demand workers" in report and "on-demand worker(s) (p3.2xlarge) cost $" in summary["verdict"]
     assert alive_pids(tmp_path) == []
+
+
+def test_on_demand_twins_launch_on_the_on_demand_market_on_aws(moto_endpoint, moto_amis, tmp_path):
+    """moto over HTTP: a plan's TYPE:on-demand workers are on-demand instances (no spot request),
+    counted back under their twin names and priced at the on-demand rate."""
+    from tasks.runtime.driver import TrainingRun
+
+    types = ["g4dn.2xlarge", "g4dn.12xlarge"]
+    aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
+           "candidate_types": types, "on_demand_usd_per_h": {"c5.xlarge": 0.17}}
+    request = TrainRequest.model_validate({
+        "workload": "transformer-lm", "slo": {"target_loss": 0.8, "deadline_s": 6000.0},
+        "candidates": {"types": types, "quotas": {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1},
+                       "on_demand_quota": {"g4dn.2xlarge": 2}},
+        "provider": {"name": "aws", "aws": aws}, "overhead_s": 30.0, "artifacts_dir": str(tmp_path)})
+    setup = open_setup(request)
+    provider = setup.provider
+    run_id = f"od-{uuid.uuid4().hex[:8]}"
+    session = TrainingSession(setup, t4_profile(setup.offered, {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1}), run_id,
+                              tmp_path / run_id)
+    ps = provider.launch(run_id, "ps", "c5.xlarge", 1, role="ps", market="on-demand").instances[0]
+    session.run = TrainingRun(run_id, tmp_path / run_id, provider, "10.0.0.1:29500", ps, "transformer-lm")
+    plan = {"g4dn.2xlarge": 1, "g4dn.2xlarge:on-demand": 2}
+    try:
+        launched = session.launch(plan, "p0")
+        assert sorted((i.type, i.market) for i in launched.instances) == [
+            ("g4dn.2xlarge", "on-demand"), ("g4dn.2xlarge", "on-demand"), ("g4dn.2xlarge", "spot")]
+        assert session.running_workers() == plan
+        offered = setup.offered["g4dn.2xlarge"]
+        assert session.workers_usd_per_h(plan) == pytest.approx(offered.spot_usd_per_h + 2 * offered.on_demand_usd_per_h)
+        assert [e.detail["action"] for e in session.timeline if e.kind == "on-demand"] == ["launch"]
+    finally:
+        provider.cleanup(run_id)
