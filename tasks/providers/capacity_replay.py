@@ -6,19 +6,17 @@ refused above) becomes the trace's count, and running spot instances of the type
 revocation notice (the excess, newest first). When the trace ends, the type's capacity is what it
 was before (unlimited, unless one was set). On-demand instances are another market: never refused
 by spot capacity, never revoked by a trace. A drought is the trace "0 for SECONDS".
+`provider` is the LocalProvider that calls these (its `capacity` and `inject_revocation`).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tasks.core.capacity import CapacityTrace
-
-if TYPE_CHECKING:  # an annotation only: local.py imports this module
-    from tasks.providers.local import LocalProvider
+from tasks.providers.base import Provider
 
 
 def drought(instance_type: str, duration_s: float) -> CapacityTrace:
@@ -27,7 +25,7 @@ def drought(instance_type: str, duration_s: float) -> CapacityTrace:
                          float(duration_s))
 
 
-def revoke_excess(provider: LocalProvider, run_id: str, instance_type: str, available: int, notice_s: float) -> int:
+def revoke_excess(provider: Provider, run_id: str, instance_type: str, available: int, notice_s: float) -> int:
     """Give a notice to the running spot instances of a type beyond `available` (those already on
     notice are leaving anyway); returns how many got one."""
     running = [i for i in provider.describe(run_id)
@@ -38,7 +36,7 @@ def revoke_excess(provider: LocalProvider, run_id: str, instance_type: str, avai
     return excess
 
 
-def play(provider: LocalProvider, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
+def play(provider: Provider, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
          notice_s: float, start: threading.Event, stop: threading.Event) -> threading.Thread:
     """Play `trace` (trace seconds at `time_scale` per real second) from when `start` is set, in a
     background thread (returned), until the trace ends or `stop` is set (set `start` too, then)."""
