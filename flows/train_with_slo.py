@@ -131,7 +131,7 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
         actions = decide(obs, target_loss=session.request.slo.target_loss, deadline_s=session.request.slo.deadline_s,
                          drift_action=session.request.drift_action, drift_ratio=session.check_drift(obs),
                          asked=stages.pending_replan_request(session), plan_empty=not session.plans[-1].plan,
-                         known_leaving=frozenset(session.leaving))
+                         known_leaving=frozenset(session.leaving), probe_due=session.probe_due(obs.t_s))
         for action in actions:
             if action.kind == "done":
                 update_progress_artifact(loss_art, 100 * obs.loss_fraction)

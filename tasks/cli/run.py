@@ -8,6 +8,7 @@ import json
 
 from tasks.cli import args as cli_args
 from tasks.cli.output import print_json, runtime_errors_in_one_line
+from tasks.core import limits
 from tasks.core.errors import UserInputError
 from tasks.core.profile import format_validation_error
 from tasks.core.progress import ProgressBar
@@ -69,10 +70,46 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="trace seconds per real second")
     p.add_argument("--revoke-at", type=cli_args.nonnegative_duration_s, action="append", default=[],
                    help="also revoke one worker this many seconds after launch (repeatable)")
+    p.add_argument("--on-demand-quota", type=cli_args.counts, default={}, metavar="TYPE=N,...",
+                   help="allow this many on-demand workers of each type when spot alone would miss the deadline")
+    p.add_argument("--spot-probe-s", type=cli_args.duration_s, default=10.0,
+                   help="while on-demand workers run, try spot again this often (seconds; default 10)")
+    p.add_argument("--capacity", type=type_and_file, action="append", default=[], metavar="TYPE=FILE",
+                   help="local: a spot capacity trace for a type, played from the launch at --time-scale (repeatable)")
+    p.add_argument("--drought", type=type_and_seconds, action="append", default=[], metavar="TYPE=SECONDS",
+                   help="local: no spot capacity of a type for SECONDS from the first revocation (repeatable)")
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
     p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.set_defaults(handler=runtime_errors_in_one_line(run))
+
+
+def _type_and_value(text: str, what: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise UserInputError(f"expected TYPE={what}, got {text[:60]!r}")
+    return name.strip(), value.strip()
+
+
+@cli_args.arg_type
+def type_and_file(text: str) -> tuple[str, str]:
+    return _type_and_value(text, "FILE")
+
+
+@cli_args.arg_type
+def type_and_seconds(text: str) -> tuple[str, float]:
+    name, value = _type_and_value(text, "SECONDS")
+    return name, limits.duration_s(value)
+
+
+def by_type(pairs: list[tuple[str, object]], option: str) -> dict:
+    """Repeated TYPE=VALUE options as a dict; a type given twice is refused."""
+    out: dict = {}
+    for name, value in pairs:
+        if name in out:
+            raise UserInputError(f"{option}: type {name} given twice")
+        out[name] = value
+    return out
 
 
 def demo_request(artifacts_dir: str = "artifacts"):
@@ -119,14 +156,17 @@ def build_request(args: argparse.Namespace):
             "workload_options": parse_options(args.workload_opt) if args.workload_opt else
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
             "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
-            "candidates": {"types": types, "quotas": market["quotas"], "min_workers": market["min_workers"]},
+            "candidates": {"types": types, "quotas": market["quotas"], "min_workers": market["min_workers"],
+                           "on_demand_quota": args.on_demand_quota, "spot_probe_s": args.spot_probe_s},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
                          "revocations": {"trace": args.trace or None, "trace_type": market["trace_type"],
                                          "time_scale": args.time_scale,
-                                         "inject_at_s": args.revoke_at}},
+                                         "inject_at_s": args.revoke_at},
+                         "capacity_traces": by_type(args.capacity, "--capacity"),
+                         "droughts_s": by_type(args.drought, "--drought")},
             "filling": {"enabled": not args.no_filling},
             "artifacts_dir": str(args.artifacts),
         }, context={"local_user": True})  # the local user may run any plug-in (tasks/pipeline/plugin_policy.py)

@@ -96,10 +96,12 @@ def deadline_safe_choice(request: PlanRequest, reserve_s: float, answer: Callabl
 
 
 def can_provision(request: PlanRequest) -> bool:
-    """Whether any instance may run: some quota (spot or on-demand) above 0, or survivors."""
-    spot = any(request.quota.get(i.type, i.quota) > 0 for i in request.profile.instances)
-    on_demand = any(request.on_demand_quota.get(i.type, i.on_demand_quota) > 0 for i in request.profile.instances)
-    return spot or on_demand or any(request.existing.values())
+    """Whether the request can be planned at all: some quota (spot or on-demand) above 0 or
+    survivors, and its floor of workers (min_workers) within the quotas."""
+    spot = sum(request.quota.get(i.type, i.quota) for i in request.profile.instances)
+    on_demand = sum(request.on_demand_quota.get(i.type, i.on_demand_quota) for i in request.profile.instances)
+    most = max(spot + on_demand, sum(request.existing.values()))
+    return most > 0 and (request.min_workers is None or request.min_workers <= most)
 
 
 def fastest_result(request: PlanRequest, message: str = "") -> PlanResult:

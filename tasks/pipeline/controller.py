@@ -14,18 +14,20 @@ ActionKind = Literal["done", "replan", "refit", "announce-drift"]
 @dataclass(frozen=True)
 class Action:
     kind: ActionKind
-    reason: str  # done: target / deadline / stopped / no workers; replan: revocation / drift / requested
+    reason: str  # done: target / deadline / stopped / no workers; replan: revocation / drift / requested / probe
     leaving: tuple[str, ...] = ()  # replan: instances with a notice, not counted as survivors
     speed_ratio: float | None = None  # refit, announce-drift: observed / predicted progress
 
 
 def decide(obs: Observation, *, target_loss: float, deadline_s: float, drift_action: str,
            drift_ratio: float | None, asked: dict | None, plan_empty: bool,
-           known_leaving: frozenset[str] = frozenset()) -> list[Action]:
+           known_leaving: frozenset[str] = frozenset(), probe_due: bool = False) -> list[Action]:
     """What to do after this poll, in order. `drift_ratio` is the drift detector's verdict (None:
     no drift), `asked` a re-plan request the automation left for this run, `plan_empty` whether
     the plan in effect has no workers (the market left none to launch), `known_leaving` the
-    instances already re-planned around (their notice came earlier: their end is no news)."""
+    instances already re-planned around (their notice came earlier: their end is no news),
+    `probe_due` whether it is time to try spot again (on-demand workers run or the market refused
+    a spot type: session.probe_due)."""
     if obs.loss is not None and obs.loss <= target_loss:
         return [Action("done", "target")]
     if obs.t_s >= deadline_s:
@@ -48,6 +50,8 @@ def decide(obs: Observation, *, target_loss: float, deadline_s: float, drift_act
         if asked.get("speed_ratio"):
             actions.append(Action("refit", "requested", speed_ratio=float(asked["speed_ratio"])))
         reasons.append("requested")
+    if probe_due:
+        reasons.append("probe")
     if reasons:  # one re-plan however many reasons, after any refit
         actions.append(Action("replan", "+".join(reasons), leaving))
     return actions

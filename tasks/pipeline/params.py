@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from tasks.core import limits
+from tasks.core.capacity import load_capacity
 from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
 from tasks.core.traces import trace_path
@@ -36,14 +37,20 @@ class Candidates(BaseModel):
     min_workers: int | None = Field(None, ge=1, description=(
         "plan and re-plan at least this many workers, so a revocation leaves survivors (default: the smallest "
         "cluster the profile's loss curve was fitted on)"))
+    on_demand_quota: dict[str, int] = Field(default_factory=dict, description=(
+        "on-demand workers of each candidate type a plan may add when spot alone would miss the deadline "
+        "(docs/pipeline.md, On-demand fallback); default none: spot only"))
+    spot_probe_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description=(
+        "while on-demand workers run or the market refused a spot type, try spot again this often (seconds)"))
 
     @model_validator(mode="after")
     def _quotas_name_candidates(self) -> "Candidates":
-        unknown = sorted(set(self.quotas) - set(self.types))
-        if unknown:
-            raise ValueError(f"quota given for a type that is not a candidate: {', '.join(unknown)}")
-        if any(not 0 <= q <= limits.max_count() for q in self.quotas.values()):
-            raise ValueError(f"quotas must be 0..{limits.max_count()} (SPOTFILL_MAX_COUNT)")
+        for field_name, quotas in (("quotas", self.quotas), ("on_demand_quota", self.on_demand_quota)):
+            unknown = sorted(set(quotas) - set(self.types))
+            if unknown:
+                raise ValueError(f"{field_name.removesuffix('s')} given for a type that is not a candidate: {', '.join(unknown)}")
+            if any(not 0 <= q <= limits.max_count() for q in quotas.values()):
+                raise ValueError(f"{field_name} must be 0..{limits.max_count()} (SPOTFILL_MAX_COUNT)")
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
         most = sum(self.quota(t) for t in self.types)
@@ -81,6 +88,11 @@ class ProviderSettings(BaseModel):
     revocations: Revocations = Field(default_factory=Revocations)
     capacity: dict[str, int] = Field(default_factory=dict, description=(
         "local: spot instances the emulated market has of each type (default: unlimited)"))
+    capacity_traces: dict[str, str] = Field(default_factory=dict, description=(
+        "local: a capacity trace file per type (docs/market.md), played from the launch at "
+        "revocations.time_scale: spot launches above it are refused, drops revoke the excess"))
+    droughts_s: dict[str, float] = Field(default_factory=dict, description=(
+        "local: no spot capacity of the type for this many seconds from the run's first revocation notice"))
 
     @field_validator("region")
     @classmethod
@@ -92,6 +104,18 @@ class ProviderSettings(BaseModel):
     def _capacity_is_counts(self) -> "ProviderSettings":
         if any(not 0 <= n <= limits.max_count() for n in self.capacity.values()):
             raise ValueError(f"market capacity must be 0..{limits.max_count()} (SPOTFILL_MAX_COUNT)")
+        if any(not 0 < s <= MAX_DURATION_S for s in self.droughts_s.values()):
+            raise ValueError("droughts_s: each drought must last more than 0 s and at most ten years")
+        both = sorted(set(self.capacity_traces) & set(self.droughts_s))
+        if both:
+            raise ValueError(f"{both[0]} has both a capacity trace and a drought: give one")
+        return self
+
+    @model_validator(mode="after")
+    def _capacity_traces_read(self) -> "ProviderSettings":
+        """Each file parses and its zone is in the region (a problem names the file and line)."""
+        for path in self.capacity_traces.values():
+            load_capacity(path).check_region(self.region)
         return self
 
 
@@ -197,9 +221,13 @@ class TrainRequest(BaseModel):
         late = [t for t in r.inject_at_s if t >= self.slo.deadline_s]
         if late:
             raise ValueError(f"revocations.inject_at_s {late[0]:g} s is not before slo.deadline_s ({self.slo.deadline_s:g} s)")
-        unknown = sorted(set(settings.capacity) - set(self.candidates.types))
-        if unknown:
-            raise ValueError(f"provider.capacity given for a type that is not a candidate: {', '.join(unknown)}")
+        for name in ("capacity", "capacity_traces", "droughts_s"):
+            given = getattr(settings, name)
+            unknown = sorted(set(given) - set(self.candidates.types))
+            if unknown:
+                raise ValueError(f"provider.{name} given for a type that is not a candidate: {', '.join(unknown)}")
+            if given and settings.name != "local":
+                raise ValueError(f"provider.{name} is emulated on the local provider only; {settings.name} has its own market")
         return self
 
     @model_validator(mode="after")

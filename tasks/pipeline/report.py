@@ -77,9 +77,17 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
                 ax.axvline(entry.t_s, color="tab:purple", ls="-.", lw=1)
             elif entry.kind == "capacity":
                 ax.axvline(entry.t_s, color="tab:brown", ls="--", lw=1)
+            elif entry.kind == "on-demand":
+                ax.axvline(entry.t_s, color="tab:olive", ls="-", lw=1)
     ax_loss.plot([], [], ":", color="black", label="revocation notice")
     ax_loss.plot([], [], "-.", color="tab:purple", label="re-plan")
     ax_loss.plot([], [], "--", color="tab:brown", label="market refused a launch")
+    if any(e.kind == "on-demand" for e in session.timeline):
+        ax_loss.plot([], [], "-", color="tab:olive", label="on-demand workers launched / released")
+    on_demand = [o.on_demand_spent_usd for o in session.observations]
+    if any(on_demand):
+        ax_cost.plot([o.t_s for o in session.observations], on_demand, label="of which on-demand workers",
+                     color="tab:olive")
     ax_loss.set_ylabel("training loss")
     ax_cost.set_ylabel("USD")
     ax_cost.set_xlabel("seconds since launch")
@@ -138,11 +146,14 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     refused = sum(s["missing"] for s in session.shortfalls)
     shortfall = (f"; the market refused {refused} instance(s) "
                  f"({', '.join(sorted({s['type'] for s in session.shortfalls}))})" if refused else "")
+    on_demand = session.on_demand_workers
+    fallback = (f"; {len(on_demand)} on-demand worker(s) ({', '.join(sorted({w['type'] for w in on_demand}))}) "
+                f"cost ${result.get('on_demand_spent_usd', 0.0):.4f} of it" if on_demand else "")
     return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
             f"{slo.deadline_s:g} s (predicted {predicted_t}){stop_cause(result)}; cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
             f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); final plan "
             f"{plan_text(session.plans[-1].plan) if session.plans else 'n/a'}; "
-            f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}; "
+            f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}{fallback}; "
             f"inference harvested: {harvested['offline_samples']} offline samples, "
             f"{harvested['online_requests']} online requests")
 
@@ -173,6 +184,8 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
                    "predicted_cost_usd": p.predicted_cost_usd} for p in session.plans],
         "alternatives": session.alternatives,
         "revocations": session.revocations, "replans": session.replans,
+        "on_demand_workers": session.on_demand_workers,
+        "spot_spent_usd": result["spent_usd"] - result.get("on_demand_spent_usd", 0.0),
         "inference": harvested, "stage_seconds": stage_seconds,
         "orchestration_overhead_s": total_s - stage_seconds.get("train", 0.0),
         "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline],
@@ -195,6 +208,7 @@ def report_markdown(summary: dict, image_src: str | None = None) -> str:
         t = "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s']:.1f}"
         c = "-" if r["predicted_cost_usd"] is None else f"{r['predicted_cost_usd']:.4f}"
         lines.append(f"| {r['name']} | {inst} | {t} | {c} | {r['status']} |")
+    lines += on_demand_markdown(summary)
     lines += ["", "## Timeline", "", "| t (s) | event | detail |", "|---|---|---|"]
     for e in summary["timeline"]:
         detail = {k: v for k, v in e.items() if k not in ("t_s", "kind")}
@@ -204,6 +218,22 @@ def report_markdown(summary: dict, image_src: str | None = None) -> str:
     lines += [f"| orchestration overhead (all but training) | {summary['orchestration_overhead_s']:.2f} |", "",
               f"![timeline]({image_src or Path(summary['timeline_png']).name})", ""]
     return "\n".join(lines)
+
+
+def on_demand_markdown(summary: dict) -> list[str]:
+    """The on-demand workers (when, why, until when) and the workers' cost split by market; no
+    section when the run used none."""
+    workers = summary.get("on_demand_workers") or []
+    if not workers:
+        return []
+    lines = ["", "## On-demand workers", "",
+             f"Workers cost ${summary['spent_usd']:.4f}: ${summary['spot_spent_usd']:.4f} spot, "
+             f"${summary['on_demand_spent_usd']:.4f} on-demand.", "",
+             "| instance | type | launched (s) | released (s) | why |", "|---|---|---|---|---|"]
+    for w in workers:
+        released = "at the end" if w["released_t_s"] is None else f"{w['released_t_s']:.1f}"
+        lines.append(f"| {w['instance_id']} | {w['type']} | {w['launched_t_s']:.1f} | {released} | {w['why']} |")
+    return lines
 
 
 def _prefect_artifacts(summary: dict) -> None:

@@ -3,12 +3,18 @@ provider events, re-plan on revocations and drift, stop, and account for what ha
 
 Plain Python over the provider interface and the runtime's driver, so it runs the same on the
 local provider and on AWS; flows/train_with_slo.py calls these methods as Prefect tasks.
+
+With on-demand workers allowed (`candidates.on_demand_quota`), plans may hold `TYPE:on-demand`
+offers and every (re-)plan runs `deadline_safe`: spot while the deadline is safe, the missing
+throughput on on-demand workers when not; spot is tried again every `spot_probe_s` while
+on-demand workers run or the market refused a spot type, and on-demand workers a plan no longer
+holds are released once their replacements train (fallback.py).
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,13 +23,15 @@ from tasks.core.model import Model, cluster_spread
 from tasks.core.profile import Profile
 from tasks.core.traces import load_traces
 from tasks.market.hazards import catalog_bands, type_hazards
-from tasks.market.replan import cheapest_or_fastest
+from tasks.market.replan import cheapest_or_fastest, deadline_safe
 from tasks.pipeline.alternatives import plan_alternatives
+from tasks.pipeline.fallback import all_joined, hardware_counts, offer_counts, takeover_by_market, to_release
 from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
 from tasks.planner import PlanRequest, PlanResult
+from tasks.planner.on_demand import base_type, is_on_demand, on_demand_name
 from tasks.planner.solvers import get_solver
 from tasks.providers.base import Instance, LaunchResult, ProviderEvent
-from tasks.providers.plan_step import launch_step, takeover_counts, worker_counts
+from tasks.providers.plan_step import launch_step
 
 if TYPE_CHECKING:  # an annotation only: importing the setup costs 0.4 s (boto3, the profiling fits)
     from tasks.pipeline.setup import RunSetup
@@ -39,19 +47,20 @@ class Observation:
     loss: float | None
     updates: int
     samples: int
-    workers: dict[str, int]
-    spent_usd: float  # the workers' spot time, what the planner's cost predicts
+    workers: dict[str, int]  # by offer: TYPE (spot) or TYPE:on-demand
+    spent_usd: float  # the workers' time at their offers' prices, what the planner's cost predicts
     ps_spent_usd: float  # the parameter server's on-demand time, on top
     loss_fraction: float
     time_fraction: float
     events: list[ProviderEvent] = field(default_factory=list)
     stopped: str | None = None
+    on_demand_spent_usd: float = 0.0  # the part of spent_usd that paid on-demand workers
 
 
 @dataclass
 class TimelineEntry:
     t_s: float
-    kind: str  # "plan", "revocation", "replan", "drift", "capacity", "done"
+    kind: str  # "plan", "revocation", "replan", "drift", "capacity", "on-demand", "done"
     detail: dict
 
 
@@ -75,8 +84,10 @@ class TrainingSession:
         self.provider = setup.provider  # None: a session that only plans (`spotfill run`'s check)
         self.run_id = run_id
         self.run_dir = run_dir
-        self.quota = capped_quotas({t: request.candidates.quota(t) for t in profile.type_names},
-                                   request.budget.max_instances)
+        wanted = {t: request.candidates.quota(t) for t in profile.type_names}
+        wanted |= {on_demand_name(t): n for t, n in request.candidates.on_demand_quota.items() if n}
+        self.quota = capped_quotas(wanted, request.budget.max_instances)  # spot types and TYPE:on-demand twins
+        self.spot_quota = {t: n for t, n in self.quota.items() if not is_on_demand(t)}  # before refusals: a probe's
         self.run = None  # tasks.runtime.driver.TrainingRun once launched
         self.ps_megabits_per_s = setup.emulation.get("ps_megabits_per_s")  # the local PS's emulated NIC (as profiled)
         self.started_s: float | None = None
@@ -93,11 +104,17 @@ class TrainingSession:
         self.shortfalls: list[dict] = []  # what the market refused, launch by launch
         self.leaving: set[str] = set()  # workers with a revocation notice: running, but not counted on
         self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
+        self.on_demand_cost = CostMeter()
+        self.on_demand_workers: list[dict] = []  # each on-demand worker: type, when and why launched, released
+        self.releasing: tuple[list[str], str] = ([], "")  # on-demand workers to release once all have joined, why
+        self.last_probe_s = 0.0
+        self.replan_reason = "first plan"
         self.progress_origin: tuple[float, float | None] = (0.0, None)  # (t_s, loss) where the plan in effect began
         self._hazards: dict[str, float] | None = None
         # a setup with no provider has no prices to hold against the budget cap
         types = setup.offered
         self.prices = {t: types[t].spot_usd_per_h for t in profile.type_names if t in types}
+        self.prices |= {on_demand_name(t): types[t].on_demand_usd_per_h for t in profile.type_names if t in types}
         self.ps_type = profile.type_names[0]
         # the PS runs as the profile's num_ps shards (docs/runtime.md), each an on-demand instance
         self.ps_usd_per_h = profile.num_ps * (types[self.ps_type].on_demand_usd_per_h if self.ps_type in types else 0.0)
@@ -105,12 +122,18 @@ class TrainingSession:
     # ------------------------------------------------------------------ planning
     def plan_request(self, deadline_s: float, existing: dict[str, int] | None = None,
                      current_loss: float | None = None) -> PlanRequest:
+        spot = {t: n for t, n in self.quota.items() if not is_on_demand(t)}
+        on_demand = {base_type(t): n for t, n in self.quota.items() if is_on_demand(t)}
         return PlanRequest(
             profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
-            existing=existing or {}, quota=dict(self.quota), overhead_s=self.request.overhead_s,
+            existing=existing or {}, quota=spot, on_demand_quota=on_demand, overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
             min_workers=self.min_workers(), **self.risk_options(),
         )
+
+    @property
+    def allows_on_demand(self) -> bool:
+        return any(self.request.candidates.on_demand_quota.values())
 
     def first_plan(self) -> PlanResult:
         """The plan to launch: the whole deadline ahead, nothing running yet."""
@@ -120,7 +143,9 @@ class TrainingSession:
 
     def compare_alternatives(self) -> list[dict]:
         """The chosen plan beside the plans people would otherwise pick (alternatives.py), kept for the report."""
-        self.alternatives = plan_alternatives(self.plan_request(self.request.slo.deadline_s))
+        # over spot offers: the baselines (the paper's heuristic, one type alone, all on-demand) know no twins
+        spot_only = replace(self.plan_request(self.request.slo.deadline_s), on_demand_quota={})
+        self.alternatives = plan_alternatives(spot_only)
         return self.alternatives
 
     def min_workers(self) -> int | None:
@@ -147,7 +172,10 @@ class TrainingSession:
             message = "the market has no capacity left for any candidate type"
             self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": message}))
             return PlanResult("infeasible", {}, float("inf"), 0.0, 0.0, 0.0, 0.0, 0.0, "none", 0.0, message=message)
-        replanned = cheapest_or_fastest(request)  # the same policy the market replay runs
+        # the same policies the market replay runs: with on-demand workers allowed, the deadline-safe
+        # fallback (its reserve: one more re-plan's start-up), else the cheapest plan or the fastest
+        replanned = (deadline_safe(request, self.request.overhead_s) if self.allows_on_demand
+                     else cheapest_or_fastest(request))
         result = replanned.result
         if replanned.at_risk:
             self.timeline.append(TimelineEntry(self.elapsed_s(), "slo_at_risk", {"message": replanned.at_risk}))
@@ -177,33 +205,79 @@ class TrainingSession:
         from tasks.runtime.driver import worker_startup  # deferred: torch (start-up cost)
 
         alive = self.alive_workers()
-        counts = takeover_counts(plan, alive)
-        startups = {}
-        for t in counts:
-            inst = self.profile.instance(t)
-            startups[t] = worker_startup(self.run, inst.gpus * inst.batch_per_gpu, self.worker_args())
-        result = launch_step(self.provider, self.run_id, plan_id, counts, startup=startups)
-        running = worker_counts(alive + result.instances)
+        result = LaunchResult([])
+        for market, counts in takeover_by_market(plan, alive).items():
+            if not counts:
+                continue
+            startups = {}
+            for t in counts:
+                inst = self.profile.instance(t)
+                startups[t] = worker_startup(self.run, inst.gpus * inst.batch_per_gpu, self.worker_args())
+            step_id = plan_id if market == "spot" else f"{plan_id}-on-demand"  # a step is one market
+            step = launch_step(self.provider, self.run_id, step_id, counts, startup=startups, market=market)
+            result.instances += step.instances
+            result.refused |= {(t if market == "spot" else on_demand_name(t)): r for t, r in step.refused.items()}
+        if self.started_s is None:
+            self.started_s = time.time()
+        running = offer_counts(alive + result.instances)
+        if any(not is_on_demand(t) for t in result.refused):
+            self.last_probe_s = self.elapsed_s()  # spot was just tried: the next probe is spot_probe_s on
         for t, refusal in sorted(result.refused.items()):
             self.quota[t] = running.get(t, 0)
             shortfall = {"type": t, "kind": refusal.kind, "missing": refusal.missing, "why": refusal.message}
             self.shortfalls.append(shortfall)
             self.timeline.append(TimelineEntry(self.elapsed_s(), "capacity", shortfall))
-        if self.started_s is None:
-            self.started_s = time.time()
+        self.record_on_demand_launch([i for i in result.instances if i.market == "on-demand"])
         return result
+
+    def record_on_demand_launch(self, started: list[Instance]) -> None:
+        """On-demand workers started, on the timeline and in the report, with the re-plan's reason."""
+        if not started:
+            return
+        t_s = self.elapsed_s()
+        for i in started:
+            self.on_demand_workers.append({"instance_id": i.instance_id, "type": i.type, "launched_t_s": t_s,
+                                           "why": self.replan_reason, "released_t_s": None})
+        self.timeline.append(TimelineEntry(t_s, "on-demand", {
+            "action": "launch", "instances": [i.instance_id for i in started],
+            "types": dict(sorted(offer_counts(started).items())), "why": self.replan_reason}))
+
+    def schedule_release(self, plan: dict[str, int], replacements: list[Instance]) -> None:
+        """On-demand workers the plan no longer holds: released now if nothing replaces them, else
+        once every worker has joined (observe)."""
+        excess = [i.instance_id for i in to_release(plan, self.alive_workers())]
+        why = "back to spot" if replacements else "no longer needed"
+        self.releasing = (excess, why)
+        if excess and not replacements:
+            self.release_on_demand()
+
+    def release_on_demand(self) -> None:
+        ids, why = self.releasing
+        self.releasing = ([], "")
+        if not ids:
+            return
+        self.provider.terminate(ids)
+        t_s = self.elapsed_s()
+        for worker in self.on_demand_workers:
+            if worker["instance_id"] in ids:
+                worker["released_t_s"] = t_s
+        self.timeline.append(TimelineEntry(t_s, "on-demand", {"action": "release", "instances": ids, "why": why}))
 
     def launch_plan(self, result: PlanResult, plan_id: str, current_loss: float | None = None) -> PlanResult:
         """Launch a plan; while the market refuses part of it, re-plan with what runs (the refused
         types capped at what they have) and launch the difference. Returns the plan in effect.
         Each refusal caps a type at what runs, so this ends after at most one round per type."""
+        spot_started: list[Instance] = []
         for attempt in range(len(self.quota) + 1):
             launched = self.launch(result.plan, f"{plan_id}-{attempt}")
+            spot_started += [i for i in launched.instances if i.market == "spot"]
             if not launched.refused or attempt == len(self.quota):
                 break
             result = self.decide_replan("capacity", self.elapsed_s(), current_loss)
         if self.started_plan is None:
             self.started_plan = result
+        if self.allows_on_demand:
+            self.schedule_release(result.plan, spot_started)
         return result
 
     def alive_workers(self, leaving: set[str] = frozenset()) -> list[Instance]:
@@ -221,7 +295,8 @@ class TrainingSession:
                 "--fill-metrics-dir", str(self.run_dir / "filling"))
 
     def running_workers(self) -> dict[str, int]:
-        return worker_counts(self.alive_workers())
+        """Workers alive by offer (TYPE, or TYPE:on-demand)."""
+        return offer_counts(self.alive_workers())
 
     # ------------------------------------------------------------------ watching
     def elapsed_s(self) -> float:
@@ -236,6 +311,10 @@ class TrainingSession:
         now = time.time()
         workers = self.running_workers()
         spent = self.cost.advance(now, self.workers_usd_per_h(workers))
+        on_demand_spent = self.on_demand_cost.advance(
+            now, self.workers_usd_per_h({t: n for t, n in workers.items() if is_on_demand(t)}))
+        if self.releasing[0] and all_joined(progress, sum(workers.values())):
+            self.release_on_demand()
         ps_spent = self.ps_cost.advance(now, self.ps_usd_per_h)
         if self.initial_loss is None and progress.smoothed_loss is not None:
             self.initial_loss = progress.smoothed_loss
@@ -245,6 +324,7 @@ class TrainingSession:
             samples=progress.samples_total, workers=workers, spent_usd=spent, ps_spent_usd=ps_spent,
             loss_fraction=loss_progress(self.initial_loss, progress.smoothed_loss, slo.target_loss),
             time_fraction=min(1.0, self.elapsed_s() / slo.deadline_s), events=events, stopped=progress.stopped,
+            on_demand_spent_usd=on_demand_spent,
         )
         self.observations.append(obs)
         return obs
@@ -264,7 +344,7 @@ class TrainingSession:
         met = self.reached_target(obs) and obs.t_s <= self.request.slo.deadline_s
         self.timeline.append(TimelineEntry(obs.t_s, "done", {"met": met, "loss": obs.loss, "why": why}))
         return {"met": met, "ended": why, "observed_time_s": obs.t_s, "final_loss": obs.loss, "spent_usd": obs.spent_usd,
-                "ps_spent_usd": obs.ps_spent_usd,
+                "ps_spent_usd": obs.ps_spent_usd, "on_demand_spent_usd": obs.on_demand_spent_usd,
                 "updates": obs.updates, "samples": obs.samples, "stopped": obs.stopped}
 
     def reached_target(self, obs: Observation) -> bool:
@@ -275,13 +355,13 @@ class TrainingSession:
         if not workers:
             return 0.0
         model = Model.from_profile(self.profile)
-        counts = model.counts_vector(workers)
+        counts = model.counts_vector(hardware_counts(workers))
         return float(counts @ (1.0 / model.cluster_iteration_times_s(counts)[0]))
 
     def loss_curve(self, plan: dict[str, int]) -> tuple[LossCurve, float]:
         """The model's loss curve for a cluster, and its iteration time Texp (seconds per update)."""
         model = Model.from_profile(self.profile)
-        r = model.evaluate(model.counts_vector(plan), self.request.slo.target_loss)
+        r = model.evaluate(model.counts_vector(hardware_counts(plan)), self.request.slo.target_loss)
         g = self.profile.loss
         spread = float(cluster_spread(r["cc"][0], r["workers"][0], g.gamma4, g.kappa))  # Eq. 3, as the planner's
         a = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
@@ -304,7 +384,12 @@ class TrainingSession:
         instances, the time left and the loss reached, under the current quotas (lowered by what
         the market refused). Recorded as a plan, a re-plan and a timeline entry."""
         self.replans += 1
-        survivors = worker_counts(self.alive_workers(leaving))
+        refused = self.shortfalls[-1] if reason == "capacity" and self.shortfalls else None
+        self.replan_reason = f"{reason}: {refused['why']}" if refused else reason  # what on-demand workers are for
+        if "probe" in reason.split("+"):  # try spot again: the market may have capacity back
+            self.quota |= self.spot_quota
+            self.last_probe_s = t_s
+        survivors = offer_counts(self.alive_workers(leaving))
         remaining_s = max(self.request.slo.deadline_s - t_s, 1e-3)
         result = self.solve_or_fastest(self.plan_request(remaining_s, existing=survivors, current_loss=current_loss))
         self.plans.append(result)
@@ -322,6 +407,14 @@ class TrainingSession:
         self.drift.reset()
         self.progress_origin = (obs.t_s, obs.loss)
         return result
+
+    def probe_due(self, t_s: float) -> bool:
+        """Time to try spot again: on-demand workers run, or the market refused a spot type, and
+        `spot_probe_s` has passed since the last try."""
+        if not self.allows_on_demand or t_s - self.last_probe_s < self.request.candidates.spot_probe_s:
+            return False
+        return (any(is_on_demand(t) for t in self.running_workers())
+                or any(self.quota[t] < n for t, n in self.spot_quota.items()))
 
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.core.atomic import atomic_write_json, atomic_write_text
+from tasks.core.capacity import load_capacity
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile, load_profile, profile_from_dict
 from tasks.core.traces import trace_path
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.report import stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
+from tasks.providers.capacity_replay import drought
 from tasks.providers.cleanup import cleanup_run
 
 REPLAN_REQUEST = "replan-request.json"
@@ -57,7 +59,8 @@ def load_request_profile(request: TrainRequest) -> Profile:
 
 # ----------------------------------------------------------------------------- watching
 def start_revocation_replay(session: TrainingSession) -> None:
-    """Replay the requested revocations (local provider; AWS revokes by itself)."""
+    """Replay the requested revocations, capacity traces and droughts (local provider; AWS has
+    its own market)."""
     rev = session.request.provider.revocations
     provider = session.provider
     if session.request.provider.name != "local":
@@ -65,10 +68,16 @@ def start_revocation_replay(session: TrainingSession) -> None:
     if rev.trace:
         provider.replay_trace(session.run_id, trace_path(rev.trace), rev.time_scale, rev.notice_s,
                               instance_type=rev.trace_type)
+    market = session.request.provider
+    for instance_type, path in market.capacity_traces.items():
+        provider.replay_capacity(session.run_id, instance_type, load_capacity(path), rev.time_scale, rev.notice_s)
+    for instance_type, duration_s in market.droughts_s.items():
+        provider.replay_capacity(session.run_id, instance_type, drought(instance_type, duration_s), 1.0,
+                                 rev.notice_s, from_first_notice=True)
     for at_s in rev.inject_at_s:
         def inject(at_s=at_s) -> None:
-            victims = [i for i in provider.describe(session.run_id)
-                       if i.role == "worker" and i.state == "running"]
+            victims = [i for i in provider.describe(session.run_id)  # on-demand workers are never revoked
+                       if i.role == "worker" and i.market == "spot" and i.state == "running"]
             if victims:
                 provider.inject_revocation(session.run_id, victims[-1].instance_id, rev.notice_s)
 

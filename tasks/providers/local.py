@@ -18,7 +18,9 @@ Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the insta
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
 process group) if it has not left by then (`revoked` event). `replay_trace` does the same from a
 real trace (tasks.core.traces), time-scaled: at every drop of the trace's live count, the
-same fraction of the run's running spot workers get a notice.
+same fraction of the run's running spot workers get a notice. `replay_capacity` plays a capacity
+trace against one type (tasks/providers/capacity_replay.py): spot launches above it are refused,
+a drop below what runs revokes the excess; on-demand instances are never refused nor revoked by it.
 
 Default types: the shipped profile's instance types (profiles/resnet110-cifar100.json: prices,
 speeds) with GPU and network facts from the instance catalog (tasks/core/catalog.py). Relative speed is a
@@ -38,11 +40,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.core.atomic import atomic_write_text
+from tasks.core.capacity import CapacityTrace
 from tasks.core.catalog import load_catalog
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import read_json
 from tasks.core.traces import load_trace
-from tasks.providers import run_registry
+from tasks.providers import capacity_replay, run_registry
 from tasks.providers.base import (
     Instance, InstanceType, LaunchResult, Market, Provider, ProviderEvent, Refusal, Role, Startup,
 )
@@ -136,6 +139,8 @@ class LocalProvider(Provider):
         self._lock = threading.RLock()
         self._children: dict[int, subprocess.Popen] = {}
         self._timers: list[threading.Timer] = []
+        self._first_notices: dict[str, threading.Event] = {}  # run id -> set at its first revocation notice
+        self._stop_replays = threading.Event()
         atexit.register(self.kill_all_started)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -345,6 +350,7 @@ class LocalProvider(Provider):
             row["notice_deadline_s"] = event.deadline_s
             table["events"].append(asdict(event))
             self._save(run_id, table)
+        self.first_notice(run_id).set()
         timer = threading.Timer(notice_s, self.describe, args=(run_id,))  # takes it at the deadline
         timer.daemon = True
         timer.start()
@@ -380,12 +386,32 @@ class LocalProvider(Provider):
         thread.start()
         return thread
 
+    def first_notice(self, run_id: str) -> threading.Event:
+        """Set when this provider gives the run its first revocation notice."""
+        with self._lock:
+            return self._first_notices.setdefault(run_id, threading.Event())
+
+    def replay_capacity(self, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
+                        notice_s: float, *, from_first_notice: bool = False) -> threading.Thread:
+        """Play a capacity trace against this run's spot instances of one type, `time_scale` trace
+        seconds per real second, from now or from the run's first revocation notice, in a
+        background thread (returned; it ends with the trace). See capacity_replay.py."""
+        if instance_type not in self.types:
+            raise UserInputError(f"unknown instance type {instance_type!r}; local offers {', '.join(self.types)}")
+        start = self.first_notice(run_id) if from_first_notice else threading.Event()
+        if not from_first_notice:
+            start.set()
+        return capacity_replay.play(self, run_id, instance_type, trace, time_scale, notice_s, start, self._stop_replays)
+
     # ------------------------------------------------------------ no leaks
 
     def kill_all_started(self) -> None:
         """Kill every process group this provider object started (atexit, signals)."""
         for timer in self._timers:
             timer.cancel()
+        self._stop_replays.set()
+        for started in list(self._first_notices.values()):
+            started.set()  # a replay waiting for a notice sees the stop
         for pid, child in list(self._children.items()):
             _kill_group(pid, signal.SIGKILL)  # also what the instance started, if its leader is gone
             self._reap(pid)

@@ -11,7 +11,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 
-from tasks.providers.base import Instance, LaunchResult, Provider, Role, Startup
+from tasks.providers.base import Instance, LaunchResult, Market, Provider, Role, Startup
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +35,19 @@ def launch_step(
     *,
     role: Role = "worker",
     startup: Startup | Mapping[str, Startup] | None = None,
+    market: Market = "spot",
 ) -> LaunchResult:
-    """Start counts[type] new spot instances of each type for this step (idempotent per step);
-    `startup` is one for every type, or one per type."""
-    provider.check_step(run_id, plan_id, counts, role=role)  # a step over quota starts nothing
+    """Start counts[type] new instances of each type on `market` for this step (idempotent per
+    step); `startup` is one for every type, or one per type."""
+    provider.check_step(run_id, plan_id, counts, role=role, market=market)  # a step over quota starts nothing
     result = LaunchResult([])
     try:
         for instance_type, count in sorted(counts.items()):
             if count <= 0:
                 continue
             step_startup = startup.get(instance_type) if isinstance(startup, Mapping) else startup
-            result.merge(provider.launch(run_id, plan_id, instance_type, count, role=role, startup=step_startup))
+            result.merge(provider.launch(run_id, plan_id, instance_type, count, role=role, market=market,
+                                         startup=step_startup))
     except BaseException:
         _roll_back(provider, run_id, plan_id, role, result.instances)
         raise

@@ -37,3 +37,16 @@ def test_memo_keeps_answers_for_different_size_floors_apart():
         request = PlanRequest(PROFILE, 0.8, 2400.0, overhead_s=120.0, current_loss=1.2, min_workers=floor)
         assert memo.plan(request) == cheapest_or_fastest(request).result.plan
     assert memo.hits == 2
+
+
+def test_a_floor_spot_alone_cannot_reach_moves_the_missing_worker_to_on_demand():
+    """The market refused a type (its spot quota 0): spot alone cannot reach min_workers, which is
+    no error but a reason for an on-demand twin (the live run's drought)."""
+    from tasks.market.replan import deadline_safe
+    from tests.helpers import LOCAL_QUICK_PROFILE
+
+    request = PlanRequest(load_profile(LOCAL_QUICK_PROFILE), 1.7, 50.0, existing={"g3.8xlarge": 2},
+                          quota={"p3.2xlarge": 0, "g3.8xlarge": 2}, on_demand_quota={"p3.2xlarge": 2},
+                          overhead_s=3.0, min_workers=3, current_loss=2.5)
+    replanned = deadline_safe(request, reserve_s=3.0)
+    assert replanned.result.plan == {"g3.8xlarge": 2, "p3.2xlarge:on-demand": 1} and replanned.at_risk is None

@@ -3,6 +3,7 @@ lowers the refused type's quota to what runs, re-plans with what runs and launch
 difference; the run ends "SLO met" or "SLO missed" with the shortfall in its report, never a
 crash. On the local provider (real processes) and on AWS through moto's server."""
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -114,3 +115,91 @@ def test_a_type_short_on_aws_is_replanned_around(moto_endpoint, moto_amis, tmp_p
         {"Name": f"tag:{TAG_RUN}", "Values": [run_id]}, {"Name": "instance-state-name", "Values": ["pending", "running"]}])
     assert left["Reservations"] == []
     json.dumps(session.shortfalls)  # plain data, for the report
+
+
+ON_DEMAND_ALLOWED = {"types": ["p3.2xlarge", "g3.8xlarge"], "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2},
+                     "min_workers": 3, "on_demand_quota": {"p3.2xlarge": 2}}
+
+
+def test_a_drought_moves_a_worker_to_on_demand_and_back_to_spot_once_capacity_returns(tmp_path):
+    request = local_request(tmp_path, candidates=ON_DEMAND_ALLOWED)
+    setup = open_setup(request)
+    provider = setup.provider
+    session = TrainingSession(setup, load_request_profile(request), "run-fallback", tmp_path / "run-fallback")
+    try:
+        first = session.first_plan()
+        assert first.plan == {"p3.2xlarge": 1, "g3.8xlarge": 2}  # spot alone is safe
+        provider.capacity["p3.2xlarge"] = 0  # a drought: the spot market has no p3.2xlarge now
+        session.start_parameter_server()
+        fallback = session.launch_plan(first, "p0")
+        assert fallback.plan == {"p3.2xlarge:on-demand": 1, "g3.8xlarge": 2}
+        assert session.running_workers() == fallback.plan
+        assert [i.market for i in provider.describe("run-fallback") if i.type == "p3.2xlarge" and i.role == "worker"] \
+            == ["on-demand"]
+        del provider.capacity["p3.2xlarge"]  # capacity returns; the next probe finds it
+        back = session.replan("probe", session.observe())
+        assert back.plan == {"p3.2xlarge": 1, "g3.8xlarge": 2} and session.releasing[0]
+        deadline_s = time.monotonic() + 120
+        while session.releasing[0]:  # released once every worker alive, the new spot one too, trains
+            assert time.monotonic() < deadline_s, "the on-demand worker was never released"
+            session.observe()
+            time.sleep(0.1)
+        assert session.running_workers() == {"p3.2xlarge": 1, "g3.8xlarge": 2}
+        moves = [(e.detail["action"], e.detail["why"]) for e in session.timeline if e.kind == "on-demand"]
+        assert moves[0][0] == "launch" and "the spot market has 0 free" in moves[0][1]
+        assert moves[1] == ("release", "back to spot")
+        assert session.on_demand_workers[0]["released_t_s"] is not None
+    finally:
+        session.stop()
+    assert provider.describe("run-fallback") == []
+
+
+def test_a_run_through_a_drought_shows_its_on_demand_workers_and_their_cost(prefect_harness, tmp_path):
+    from flows.train_with_slo import train_with_slo
+
+    request = local_request(tmp_path, candidates=ON_DEMAND_ALLOWED, provider={
+        "name": "local", "droughts_s": {"p3.2xlarge": 600.0},
+        "revocations": {"inject_at_s": [4.0], "notice_s": 2.0}})
+    summary = train_with_slo(request)
+    assert summary["verdict"].startswith(("SLO met", "SLO missed")), summary["verdict"]
+    revoked = [e for e in summary["timeline"] if e["kind"] == "revocation_notice"]
+    workers = summary["on_demand_workers"]
+    assert revoked and workers and {w["type"] for w in workers} == {"p3.2xlarge"}
+    assert summary["on_demand_spent_usd"] > 0
+    assert summary["spot_spent_usd"] + summary["on_demand_spent_usd"] == pytest.approx(summary["spent_usd"])
+    report = (Path(summary["report_dir"]) / "report.md").read_text()
+    assert "## On-demand workers" in report and "on-demand worker(s) (p3.2xlarge) cost $" in summary["verdict"]
+    assert alive_pids(tmp_path) == []
+
+
+def test_on_demand_twins_launch_on_the_on_demand_market_on_aws(moto_endpoint, moto_amis, tmp_path):
+    """moto over HTTP: a plan's TYPE:on-demand workers are on-demand instances (no spot request),
+    counted back under their twin names and priced at the on-demand rate."""
+    from tasks.runtime.driver import TrainingRun
+
+    types = ["g4dn.2xlarge", "g4dn.12xlarge"]
+    aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
+           "candidate_types": types, "on_demand_usd_per_h": {"c5.xlarge": 0.17}}
+    request = TrainRequest.model_validate({
+        "workload": "transformer-lm", "slo": {"target_loss": 0.8, "deadline_s": 6000.0},
+        "candidates": {"types": types, "quotas": {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1},
+                       "on_demand_quota": {"g4dn.2xlarge": 2}},
+        "provider": {"name": "aws", "aws": aws}, "overhead_s": 30.0, "artifacts_dir": str(tmp_path)})
+    setup = open_setup(request)
+    provider = setup.provider
+    run_id = f"od-{uuid.uuid4().hex[:8]}"
+    session = TrainingSession(setup, t4_profile(setup.offered, {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1}), run_id,
+                              tmp_path / run_id)
+    ps = provider.launch(run_id, "ps", "c5.xlarge", 1, role="ps", market="on-demand").instances[0]
+    session.run = TrainingRun(run_id, tmp_path / run_id, provider, "10.0.0.1:29500", ps, "transformer-lm")
+    plan = {"g4dn.2xlarge": 1, "g4dn.2xlarge:on-demand": 2}
+    try:
+        launched = session.launch(plan, "p0")
+        assert sorted((i.type, i.market) for i in launched.instances) == [
+            ("g4dn.2xlarge", "on-demand"), ("g4dn.2xlarge", "on-demand"), ("g4dn.2xlarge", "spot")]
+        assert session.running_workers() == plan
+        offered = setup.offered["g4dn.2xlarge"]
+        assert session.workers_usd_per_h(plan) == pytest.approx(offered.spot_usd_per_h + 2 * offered.on_demand_usd_per_h)
+        assert [e.detail["action"] for e in session.timeline if e.kind == "on-demand"] == ["launch"]
+    finally:
+        provider.cleanup(run_id)

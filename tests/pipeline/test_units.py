@@ -47,6 +47,13 @@ def test_request_defaults_and_validation():
         ({"provider": {"revocations": {"inject_at_s": [60]}}}, "inject_at_s 60 s is not before slo.deadline_s (60 s)"),
         ({"provider": {"capacity": {"z9.huge": 3}}}, "provider.capacity given for a type that is not a candidate: z9.huge"),
         ({"provider": {"region": "mars-1"}}, "unknown region 'mars-1'"),
+        ({"candidates": {"types": ["a"], "on_demand_quota": {"b": 1}}},
+         "on_demand_quota given for a type that is not a candidate: b"),
+        ({"candidates": {"types": ["a"], "on_demand_quota": {"a": -1}}}, "on_demand_quota must be 0..1000"),
+        ({"candidates": {"types": ["a"], "spot_probe_s": 0}}, "spot_probe_s"),
+        ({"provider": {"droughts_s": {"p3.2xlarge": 0}}}, "each drought must last more than 0 s"),
+        ({"provider": {"droughts_s": {"z9.huge": 20}}}, "provider.droughts_s given for a type that is not a candidate"),
+        ({"provider": {"name": "aws", "droughts_s": {"p3.2xlarge": 20}}}, "provider.droughts_s is emulated on the local"),
         ({"artifacts_dir": ""}, "empty output folder"),
         ({"artifacts_dir": "/dev/null"}, "/dev/null is not a folder"),
         ({"artifacts_dir": "/dev/null/runs"}, "/dev/null is not a folder"),
@@ -59,6 +66,18 @@ def test_request_defaults_and_validation():
         with pytest.raises(ValidationError) as err:
             TrainRequest.model_validate(GOOD | patch)
         assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("seconds,available\n0,2\n30,-1\n60,0\n", "g3.csv:3: negative available count -1"),
+    ("# zone: eu-west-1a\n0,2\n60,0\n", "g3.csv:1: zone eu-west-1a is not in region us-east-1"),
+])
+def test_a_bad_capacity_trace_is_refused_naming_its_file_and_line(tmp_path, text, needle):
+    path = tmp_path / "g3.csv"
+    path.write_text(text)
+    with pytest.raises(ValidationError) as err:
+        TrainRequest.model_validate(GOOD | {"provider": {"capacity_traces": {"p3.2xlarge": str(path)}}})
+    assert needle in str(err.value)
 
 
 def test_alternatives_a_floor_rules_out_are_listed_as_infeasible():
