@@ -11,12 +11,26 @@ def format_table(result: dict) -> str:
         f"risk-aware target {result['target_level']:g}",
         "",
         f"{'policy':<18}{'SLO met':>8}{'mean $':>9}{'p95 $':>9}{'mean s':>9}{'p95 s':>9}{'revoked':>8}"
-        f"{'re-plans':>9}{'saves vs OD':>12}",
+        f"{'re-plans':>9}{'saves vs OD':>12}{'vs offline':>11}",
     ]
     for name, p in result["policies"].items():
+        gap = f"{p['gap_to_offline_pct']:>+10.1f}%" if "gap_to_offline_pct" in p else f"{'-':>11}"
         rows.append(f"{name:<18}{p['slo_attainment']:>8.3f}{p['mean_cost_usd']:>9.3f}{p['p95_cost_usd']:>9.3f}"
                     f"{p['mean_time_s']:>9.0f}{p['p95_time_s']:>9.0f}{p['mean_revocations']:>8.2f}"
-                    f"{p['mean_replans']:>9.2f}{p.get('savings_vs_on_demand_pct', 0.0):>11.1f}%")
+                    f"{p['mean_replans']:>9.2f}{p.get('savings_vs_on_demand_pct', 0.0):>11.1f}%{gap}")
+    offline = result.get("offline_optimum")
+    if offline:
+        rows.append(f"{'offline optimum':<18}{'':>8}{offline['mean_cost_usd']:>9.3f}{offline['p95_cost_usd']:>9.3f}"
+                    f"{'':>43}{offline['savings_vs_on_demand_pct']:>11.1f}%  (knows the market; a floor, not a run)")
+    on_demand = {t: n for t, n in result.get("on_demand_quota", {}).items() if n}
+    if on_demand:
+        rows += ["", "on-demand workers allowed (greedy, uniform-progress, deadline-safe): "
+                 + ", ".join(f"{t}={n}" for t, n in on_demand.items())]
+    if result.get("drought_s"):
+        start_s, end_s = result["drought_s"]
+        rows.append(f"spot capacity: none of any type from {start_s:g} s to {end_s:g} s of training (--drought)")
+    elif result.get("capacity"):
+        rows.append("spot capacity: " + "; ".join(f"{t} from {', '.join(names)}" for t, names in result["capacity"].items()))
     est = result.get("risk_estimate")
     if est:
         rows += ["", f"risk-aware plan  {est['plan']}: estimated P(meet) {est['meet_probability']:.3f}"
@@ -52,6 +66,9 @@ def write_plot(result: dict, path: Path) -> Path:
         ax.scatter(slo, cost, s=40)
         ax.annotate(" = ".join(names), (slo, cost), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.axvline(result["target_level"], color="grey", linestyle="--", linewidth=1, label="risk-aware target")
+    if result.get("offline_optimum"):
+        ax.axhline(result["offline_optimum"]["mean_cost_usd"], color="tab:green", linestyle=":", linewidth=1,
+                   label="offline optimum (knows the market)")
     ax.set_xlabel("SLO attainment (share of replays meeting the deadline)")
     ax.set_ylabel("mean cost (USD)")
     ax.set_xlim(-0.05, 1.1)

@@ -8,7 +8,8 @@ from tests.helpers import REPO, SHIPPED_PROFILE
 
 PROFILE = str(SHIPPED_PROFILE)
 G3_BANDS = "g3.8xlarge=4,g3.16xlarge=4"
-POLICIES = {"heuristic", "exact", "homogeneous-fast", "homogeneous-slow", "on-demand", "restart-single", "risk-aware"}
+POLICIES = {"heuristic", "exact", "homogeneous-fast", "homogeneous-slow", "on-demand", "restart-single", "risk-aware",
+            "greedy", "uniform-progress", "deadline-safe"}
 
 
 def simulate(capsys, *args):
@@ -31,6 +32,11 @@ def test_simulate_json_has_every_policy_and_the_contract_keys(capsys, tmp_path):
     assert result["simulated_hours_per_wall_s"] > 0
     assert result["policies"]["on-demand"]["savings_vs_on_demand_pct"] == 0.0
     assert result["policies"]["on-demand"]["mean_revocations"] == 0.0
+    # the offline optimum is the floor: no policy meeting the deadline on every draw costs less
+    floor = result["offline_optimum"]["mean_cost_usd"]
+    assert all(p["mean_cost_usd"] >= floor for p in result["policies"].values() if p["slo_attainment"] == 1.0)
+    assert result["on_demand_quota"] == {"p3.2xlarge": 2, "g4dn.4xlarge": 5, "g3.8xlarge": 5, "g3.16xlarge": 8,
+                                         "p2.8xlarge": 5}  # none in the profile: as many as its spot quota
     assert result["hazards_per_h"]["g3.8xlarge"]["source"] == "band"
     assert result["hazards_per_h"]["p3.2xlarge"]["traces"] == ["parcae_p3trace"]
     png = tmp_path / "simulate-resnet110-cifar100-2500s.png"
@@ -120,3 +126,38 @@ def test_traces_that_revoke_without_end_stop_the_replay_with_one_line(capsys, tm
     assert status == 2 and out == ""
     assert "revocations within" in err and "revoke far faster than a spot market does" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_capacity_records_limit_spot_and_name_what_limited_it(capsys, tmp_path):
+    east = tmp_path / "p3-east.json"
+    east.write_text(json.dumps({"metadata": {"gap_seconds": 600, "zone": "us-east-1a"}, "data": [2, 0, 0, 1]}))
+    status, out, err = simulate(capsys, "--deadline", "4000", "--replays", "2", "--band", G3_BANDS,
+                                "--capacity", str(east), f"g4dn.4xlarge={east}", "--out-dir", str(tmp_path), "--json")
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["capacity"] == {"p3.2xlarge": ["p3-east"], "g4dn.4xlarge": ["p3-east"]}
+    assert set(result["policies"]) == POLICIES and result["offline_optimum"]["mean_cost_usd"] > 0
+    status, out, err = simulate(capsys, "--deadline", "4000", "--replays", "2", "--band", G3_BANDS,
+                                "--drought", "1333,2667", "--out-dir", str(tmp_path))
+    assert status == 0, err
+    assert "none of any type from 1333 s to 2667 s" in out and "offline optimum" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drought", "2667,1333"], "the window's start (2667) must come before its end (1333)"),
+    (["--drought", "100"], "expected START,END in seconds"),
+    (["--drought", "0,100", "--capacity", "x.csv"], "--drought is a synthetic market of its own"),
+    (["--capacity", "nofamily.csv"], "nofamily.csv"),
+    (["--on-demand-quota", "p3.2xlarge=-1"], "count for p3.2xlarge is negative"),
+    (["--on-demand-quota", "nosuch=1"], "unknown instance type 'nosuch'"),
+])
+def test_bad_capacity_and_on_demand_options_are_one_line(capsys, args, message):
+    status, out, err = simulate(capsys, "--deadline", "3000", "--band", G3_BANDS, *args)
+    assert status == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_a_capacity_record_from_a_zone_outside_the_region_names_the_file_and_line(capsys, tmp_path):
+    west = tmp_path / "p3-west.csv"
+    west.write_text("# zone: us-west-2b\nseconds,available\n0,2\n600,0\n")
+    status, out, err = simulate(capsys, "--deadline", "3000", "--band", G3_BANDS, "--capacity", str(west))
+    assert status == 2 and f"{west}:1: zone us-west-2b is not in region us-east-1" in err
