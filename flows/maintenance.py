@@ -67,16 +67,18 @@ def profile_workload(request: TrainRequest) -> str:
 
 
 @flow(name="replan-on-drift")
-def replan_on_drift(resource_id: str, artifacts_dir: str = "artifacts", speed_ratio: float | None = None) -> str:
-    """Asked for by the drift automation: tell the run's watch loop to refit and re-plan (it
-    picks the request up at its next poll). A run that is not live (no folder, or already
-    reported) is left alone."""
+def replan_on_drift(resource_id: str, plan: int, artifacts_dir: str = "artifacts") -> str:
+    """Asked for by the drift automation: tell the run's watch loop to refit and re-plan the plan
+    its drift event named (it picks the request up at its next poll, and drops it if a re-plan
+    has answered that plan since; it refits to its newest observation, not to the event's). The
+    same request again rewrites the same file: running this twice does no more than once. A run
+    that is not live (no folder, or already reported) is left alone."""
     logger = get_run_logger()
     run_id = resource_id.removeprefix("spotfill.run.")
     run_dir = Path(artifacts_dir) / run_id
     if not run_dir.is_dir() or (run_dir / "summary.json").exists():
         logger.info("drift of %s ignored: the run is not live", run_id)
         return "ignored: not live"
-    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "speed_ratio": speed_ratio})
-    logger.info("re-plan requested for %s", run_id)
+    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "plan": plan})
+    logger.info("re-plan of plan %d requested for %s", plan, run_id)
     return str(path)

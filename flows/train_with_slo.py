@@ -128,9 +128,12 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 emit_event(event="spotfill.run.revocation", resource=resource,
                            payload={"instance_id": event.instance_id, "kind": event.kind})
                 logger.info("revocation %s of %s at %.1f s", event.kind, event.instance_id, obs.t_s)
+        asked = stages.pending_replan_request(session)
+        if asked is not None and not session.drift_hold.answers(asked):
+            logger.info("re-plan request for plan %s dropped: plan %s is in effect", asked.get("plan"), session.drift_hold.plan)
         actions = decide(obs, target_loss=session.request.slo.target_loss, deadline_s=session.request.slo.deadline_s,
                          drift_action=session.request.drift_action, drift_ratio=session.check_drift(obs),
-                         asked=stages.pending_replan_request(session), plan_empty=not session.plans[-1].plan,
+                         drift=session.drift_hold, asked=asked, plan_empty=not session.plans[-1].plan,
                          known_leaving=frozenset(session.leaving))
         for action in actions:
             if action.kind == "done":
@@ -138,9 +141,12 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 update_progress_artifact(time_art, 100 * obs.time_fraction)
                 return session.conclude(obs, action.reason)
             if action.kind == "announce-drift":
+                session.record_drift("announced", action.speed_ratio)
                 emit_event(event="spotfill.run.drift", resource=resource | {"spotfill.drift-action": "automation"},
-                           payload={"speed_ratio": action.speed_ratio, "artifacts_dir": session.request.artifacts_dir})
-                logger.warning("drift: progress at %.0f%% of the prediction; left to the automation", 100 * action.speed_ratio)
+                           payload={"speed_ratio": action.speed_ratio, "plan": session.drift_hold.announce(),
+                                    "artifacts_dir": session.request.artifacts_dir})
+                logger.warning("drift: progress at %.0f%% of the prediction; left to the automation (once for this plan)",
+                               100 * action.speed_ratio)
             elif action.kind == "refit":
                 session.record_drift(action.reason, action.speed_ratio)
                 session.refit_for_drift(action.speed_ratio)

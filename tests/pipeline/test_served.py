@@ -100,7 +100,7 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         def emit(run: str, action: str) -> None:
             r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", f"spotfill.run.{run}",
                                 "--resource", f"spotfill.drift-action={action}",
-                                "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6})],
+                                "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6, "plan": 0})],
                                cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stdout + r.stderr
 
@@ -118,7 +118,7 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         emit("run-served", "automation")
         request = wait_until(lambda: (run_dir / "replan-request.json").exists() and
                              json.loads((run_dir / "replan-request.json").read_text()), 240, "the re-plan request")
-        assert request == {"reason": "drift", "speed_ratio": 0.6}
+        assert request == {"reason": "drift", "plan": 0}
         wait_until(lambda: len(drift_runs()) >= 2, 240, "the automation's runs")
         assert sorted(f["parameters"]["resource_id"] for f in drift_runs()) == ["spotfill.run.run-done",
                                                                                "spotfill.run.run-served"]
