@@ -4,7 +4,8 @@ Thin on purpose: every step is a plain function in tasks/ (tasks/pipeline/setup.
 request once, with the run's one provider; tasks/profiling/workflow.py profiles;
 tasks/pipeline/session.py holds the job's state; tasks/pipeline/controller.py decides what the
 watch loop does); here they become Prefect tasks with caching and retries, progress artifacts and
-events on the run's own page, and the verdict as the final state's message. Tasks take the setup
+events on the run's own page, and the verdict as the final state's message (Completed: SLO met,
+Failed: SLO missed). Tasks take the setup
 or the session as an argument and return values; the crash and cancel hooks rebuild what they
 need from the flow run (its id and parameters), so they clean up from whichever process Prefect
 runs them in.
@@ -20,7 +21,8 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.states import Completed
+from prefect.client.orchestration import get_client
+from prefect.states import Completed, Failed, State
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile
@@ -182,13 +184,33 @@ def publish_stopped_report(flow_run_id: uuid.UUID, summary: dict) -> None:
     """The stopped run's report as a markdown artifact of its flow run. Prefect runs the hooks in
     whichever process notices the stop (the runner or worker after a SIGKILL), where no run
     context names the flow run, so the artifact names it explicitly."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
     with get_client(sync_client=True) as client:
         client.create_artifact(ArtifactCreate(
             type="markdown", key=f"{summary['run_id']}-report", description=summary["verdict"],
             data=stopped_report_markdown(summary), flow_run_id=flow_run_id))
+
+
+def verdict_state(summary: dict) -> State:
+    """The final state every Prefect view lists (the deployment's Runs tab filters by the standard
+    state names): Completed when the SLO was met, Failed when missed; the verdict is its message,
+    the summary its result, and the run gets the tag `slo-met` or `slo-missed` to filter by."""
+    tag = "slo-met" if summary["met"] else "slo-missed"
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(ctx.flow_run.id, tags=sorted({*ctx.flow_run.tags, tag}))
+    return (Completed if summary["met"] else Failed)(message=summary["verdict"], data=summary)
+
+
+def run_summary(state: State) -> dict:
+    """What a run of the flow reached: its summary if it has a verdict (met or missed); any
+    other end raises what ended it (bad input, a crash)."""
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 @flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])
@@ -226,7 +248,6 @@ def train_with_slo(request: TrainRequest):
         with clock("report"):
             summary = stages.write_report(session, outcome, clock)
         logger.info(summary["verdict"])
-        # the state's name is the verdict's head: `prefect deployment run --watch` ends with it
-        return Completed(name="SLO met" if summary["met"] else "SLO missed", message=summary["verdict"], data=summary)
+        return verdict_state(summary)
     finally:
         setup.provider.cleanup(run_id)
