@@ -22,14 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.client.orchestration import get_client
-from prefect.states import Completed, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.report import stopped_report_markdown
+from tasks.pipeline.report import artifact_key, artifact_owner, stopped_report_markdown
 from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.setup import RunSetup, open_setup
 from tasks.planner import PlanResult
@@ -63,7 +63,7 @@ def clusters_cache_key(context, parameters: dict) -> str:
     return "profile-clusters-" + workflow.cache_key(job, list(job.preset.types))
 
 
-@task(name="profile-type", cache_key_fn=type_cache_key, persist_result=True, retries=2,
+@task(name="profile-type", task_run_name="profile-{instance_type}", cache_key_fn=type_cache_key, persist_result=True, retries=2,
       retry_condition_fn=retry_unless_refused)
 def profile_type(setup: RunSetup, run_id: str, instance_type: str) -> TypeMeasurement:
     return workflow.measure_type(setup.profiling, setup.provider, run_id, instance_type)
@@ -85,8 +85,8 @@ def fit_model(job: ProfilingJob, measurements: list, clusters: list, run_dir: Pa
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(session: TrainingSession) -> PlanResult:
     result = session.first_plan()
-    create_table_artifact(stages.alternatives_table(session.compare_alternatives()), key=f"{session.run_id}-plans",
-                          description="Chosen plan and the alternatives (predicted)")
+    create_table_artifact(stages.alternatives_table(session.compare_alternatives()), key=artifact_key(artifact_owner(), "plans"),
+                          description=f"{session.run_id}: chosen plan and the alternatives (predicted)")
     return result
 
 
@@ -118,8 +118,10 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
     logger = get_run_logger()
     run_id = session.run_id
     resource = stages.event_resource(session)
-    loss_art = create_progress_artifact(0.0, key=f"{run_id}-loss", description="% of the way to the target loss")
-    time_art = create_progress_artifact(0.0, key=f"{run_id}-deadline", description="% of the deadline spent")
+    owner = artifact_owner()
+    loss_art = create_progress_artifact(0.0, key=artifact_key(owner, "loss"),
+                                        description=f"{run_id}: % of the way to the target loss")
+    time_art = create_progress_artifact(0.0, key=artifact_key(owner, "deadline"), description=f"{run_id}: % of the deadline spent")
     last_report = 0.0
     while True:
         obs = session.observe()
@@ -174,22 +176,34 @@ def run_id_of(flow_run_id: uuid.UUID) -> str:
 
 def _stop_hook(flow, flow_run, state) -> None:
     """On cancellation or a crash, from the flow run alone: terminate everything the run started
-    (the stateless cleanup) and report the time and money spent, as files and on the run's page."""
+    (the stateless cleanup) and report the time and money spent, as files and on the run's page.
+    A crash while a cancel was under way (the runner's SIGTERM reached the flow's process, which
+    Prefect may record as Crashed) is that cancel: reported as Cancelled, and the run set
+    Cancelled at once. The flow's process and the runner may both run this hook for one stop:
+    one report is written and published, by whichever comes first (stages.stop_and_report)."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])
-    summary = stages.stop_and_report(request, run_id_of(flow_run.id), state.name)
-    publish_stopped_report(flow_run.id, summary)
+    with get_client(sync_client=True) as client:
+        cancelled = state.is_cancelling() or state.is_cancelled() or any(
+            s.is_cancelling() for s in client.read_flow_run_states(flow_run.id))
+        summary = stages.stop_and_report(request, run_id_of(flow_run.id), "Cancelled" if cancelled else state.name)
+        if cancelled and state.is_crashed():
+            client.set_flow_run_state(flow_run.id, Cancelled(message="Cancelled: the run's instances are terminated"),
+                                      force=True)
+        if summary is not None:
+            publish_stopped_report(client, flow_run, summary)
 
 
-def publish_stopped_report(flow_run_id: uuid.UUID, summary: dict) -> None:
-    """The stopped run's report as a markdown artifact of its flow run. Prefect runs the hooks in
-    whichever process notices the stop (the runner or worker after a SIGKILL), where no run
-    context names the flow run, so the artifact names it explicitly."""
+def publish_stopped_report(client, flow_run, summary: dict) -> None:
+    """The stopped run's report as a markdown artifact of its flow run, under its deployment's
+    report key. Prefect runs the hooks in whichever process notices the stop (the runner or
+    worker after a SIGKILL), where no run context names the flow run, so the artifact names it
+    explicitly."""
     from prefect.client.schemas.actions import ArtifactCreate
 
-    with get_client(sync_client=True) as client:
-        client.create_artifact(ArtifactCreate(
-            type="markdown", key=f"{summary['run_id']}-report", description=summary["verdict"],
-            data=stopped_report_markdown(summary), flow_run_id=flow_run_id))
+    owner = client.read_deployment(flow_run.deployment_id).name if flow_run.deployment_id else train_with_slo.name
+    client.create_artifact(ArtifactCreate(
+        type="markdown", key=artifact_key(owner, "report"), description=summary["verdict"],
+        data=stopped_report_markdown(summary), flow_run_id=flow_run.id))
 
 
 def verdict_state(summary: dict) -> State:
