@@ -364,3 +364,30 @@ def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tm
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
     assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_one_field_of_the_request_is_overridden_alone_the_way_prefect_merges_parameters():
+    """The server merges a run's parameters over the deployment's one top-level name at a time
+    (dict.update): `--params '{"request": {"slo": {"deadline_s": 300}}}'` replaces `request`
+    whole, so what it leaves out must take the model's defaults. The form's schema requires no
+    field inside the request (the deployment gives `request` itself), and titles them as people
+    read them."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.train_with_slo import train_with_slo
+    from tasks.cli.run import demo_request
+
+    deployment = {"request": demo_request().model_dump(mode="json")}
+    merged = dict(deployment)
+    merged.update({"request": {"slo": {"deadline_s": 300}}})
+    request = train_with_slo.validate_parameters(merged)["request"]
+    assert request.slo.deadline_s == 300 and request.slo.target_loss == demo_request().slo.target_loss
+    assert request.candidates.types == demo_request().candidates.types and request.workload == "transformer-lm"
+    schema = parameter_schema(train_with_slo).model_dump_for_openapi()
+    models = schema["definitions"]
+    assert not any(m.get("required") for m in models.values())
+    assert models["SLO"]["properties"]["deadline_s"]["title"] == "Deadline (s)"
+    assert models["SLO"]["properties"]["deadline_s"]["default"] == 60.0
+    seconds = {(name, field): p.get("title") for name, m in models.items()
+               for field, p in m.get("properties", {}).items() if field.endswith("_s") and not field.endswith("_per_s")}
+    assert len(seconds) >= 7 and all(title.endswith("(s)") for title in seconds.values()), seconds
