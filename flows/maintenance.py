@@ -30,6 +30,25 @@ def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
     return merge_live(catalog, live), f"refreshed {len(live.types)} priced GPU types of {region} from the EC2 API"
 
 
+def catalog_rows(catalog: dict, region: str) -> list[dict]:
+    """The GPU types priced in `region`, as the table artifact's rows. The UI renders each cell as
+    markdown, where a leading ">" (the interruption band ">20%") starts a block quote: escaped."""
+    rows = []
+    for t in catalog["types"]:
+        r = t["regions"].get(region)
+        if r and t["gpus"]:
+            rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
+                         "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
+                         "spot now $/h": r.get("spot_current_usd_per_h"),
+                         "interruption": escape_block_quote(r["interruption_label"])})
+    return rows
+
+
+def escape_block_quote(label: str | None) -> str | None:
+    """A label as a markdown cell shows it: a leading ">" escaped (else it starts a block quote)."""
+    return "\\" + label if label and label.startswith(">") else label
+
+
 @flow(name="catalog-refresh")
 def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json",
                     aws: dict | None = None) -> int:
@@ -39,13 +58,7 @@ def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-cat
     catalog, source = build_catalog_task(region, aws or {})
     logger.info(source)
     atomic_write_json(out, catalog)
-    rows = []
-    for t in catalog["types"]:
-        r = t["regions"].get(region)
-        if r and t["gpus"]:
-            rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
-                         "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
-                         "spot now $/h": r.get("spot_current_usd_per_h"), "interruption": r["interruption_label"]})
+    rows = catalog_rows(catalog, region)
     create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}: {source}")
     logger.info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
     return len(rows)

@@ -5,10 +5,11 @@ to a work pool with `prefect deploy --all`): names, entrypoints, parameters, sch
 triggers are read from it.
 
 - train-with-slo: the main flow, run by hand from the UI (its parameters are validated there);
+- nightly-retrain: the main flow on a nightly schedule, shipped off;
 - catalog-refresh: every 6 hours;
 - profile-workload: on demand;
-- replan-on-drift: run by an automation whenever a run whose drift_action is "automation"
-  reports drift.
+- replan-on-drift: run by an automation when a run whose drift_action is "automation"
+  reports drift (once per run per minute, one flow run at a time).
 """
 from __future__ import annotations
 
