@@ -223,10 +223,11 @@ def artifact_key(owner: str, kind: str) -> str:
 
 
 def artifact_owner() -> str:
-    """Inside a flow run: its deployment's name, or its flow's name when run without one."""
+    """Inside a flow run: its deployment's name, or its flow's name when run without one (the
+    main flow's outside any run: a stage called on its own)."""
     from prefect.runtime import deployment, flow_run
 
-    return deployment.name or flow_run.flow_name
+    return deployment.name or flow_run.flow_name or "train-with-slo"
 
 
 def _prefect_artifacts(summary: dict) -> None:
