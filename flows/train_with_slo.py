@@ -5,10 +5,9 @@ request once, with the run's one provider; tasks/profiling/workflow.py profiles;
 tasks/pipeline/session.py holds the job's state; tasks/pipeline/controller.py decides what the
 watch loop does); here they become Prefect tasks with caching and retries, progress artifacts and
 events on the run's own page, and the verdict as the final state's message (Completed: SLO met,
-Failed: SLO missed). Tasks take the setup
-or the session as an argument and return values; the crash and cancel hooks rebuild what they
-need from the flow run (its id and parameters), so they clean up from whichever process Prefect
-runs them in.
+Failed: SLO missed). Tasks take the setup or the session as an argument and return values; the
+crash and cancel hooks rebuild what they need from the flow run (its id and parameters), so they
+clean up from whichever process Prefect runs them in.
 """
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.client.orchestration import get_client
 from prefect.states import Cancelled, Completed, Failed, State
 
 from tasks.core.errors import UserInputError
@@ -63,8 +62,8 @@ def clusters_cache_key(context, parameters: dict) -> str:
     return "profile-clusters-" + workflow.cache_key(job, list(job.preset.types))
 
 
-@task(name="profile-type", task_run_name="profile-{instance_type}", cache_key_fn=type_cache_key, persist_result=True, retries=2,
-      retry_condition_fn=retry_unless_refused)
+@task(name="profile-type", task_run_name="profile-{instance_type}", cache_key_fn=type_cache_key,
+      persist_result=True, retries=2, retry_condition_fn=retry_unless_refused)
 def profile_type(setup: RunSetup, run_id: str, instance_type: str) -> TypeMeasurement:
     return workflow.measure_type(setup.profiling, setup.provider, run_id, instance_type)
 
@@ -85,8 +84,8 @@ def fit_model(job: ProfilingJob, measurements: list, clusters: list, run_dir: Pa
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(session: TrainingSession) -> PlanResult:
     result = session.first_plan()
-    create_table_artifact(stages.alternatives_table(session.compare_alternatives()), key=artifact_key(artifact_owner(), "plans"),
-                          description=f"{session.run_id}: chosen plan and the alternatives (predicted)")
+    create_table_artifact(stages.alternatives_table(session.compare_alternatives()),
+                          key=artifact_key(artifact_owner(), "plans"), description=f"{session.run_id}: chosen plan and the alternatives (predicted)")
     return result
 
 

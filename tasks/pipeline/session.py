@@ -19,7 +19,8 @@ from tasks.core.traces import load_traces
 from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.replan import cheapest_or_fastest
 from tasks.pipeline.alternatives import plan_alternatives
-from tasks.pipeline.watch import CostMeter, DriftDetector, DriftHold, LossCurve, loss_progress, progress_ratio, refit_ratio
+from tasks.pipeline.watch import (CostMeter, DriftDetector, DriftHold, LossCurve, loss_progress, progress_ratio,
+                                  refit_ratio)
 from tasks.planner import PlanRequest, PlanResult
 from tasks.planner.solvers import get_solver
 from tasks.providers.base import Instance, LaunchResult, ProviderEvent

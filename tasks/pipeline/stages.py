@@ -134,7 +134,8 @@ def notify_progress(session: TrainingSession, obs: Observation) -> None:
 
 def pending_replan_request(session: TrainingSession) -> dict | None:
     """A re-plan asked for from outside (the drift automation's deployment writes this file),
-    taken once."""
+    taken once; it names the plan it answers, and the controller drops it if that plan was
+    re-planned since."""
     path = session.run_dir / REPLAN_REQUEST
     try:
         asked = json.loads(path.read_text())
