@@ -30,6 +30,25 @@ def build_catalog_task(region: str, aws: dict) -> tuple[dict, str]:
     return merge_live(catalog, live), f"refreshed {len(live.types)} priced GPU types of {region} from the EC2 API"
 
 
+def catalog_rows(catalog: dict, region: str) -> list[dict]:
+    """The GPU types priced in `region`, as the table artifact's rows. The UI renders each cell as
+    markdown, where a leading ">" (the interruption band ">20%") starts a block quote: escaped."""
+    rows = []
+    for t in catalog["types"]:
+        r = t["regions"].get(region)
+        if r and t["gpus"]:
+            rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
+                         "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
+                         "spot now $/h": r.get("spot_current_usd_per_h"),
+                         "interruption": escape_block_quote(r["interruption_label"])})
+    return rows
+
+
+def escape_block_quote(label: str | None) -> str | None:
+    """A label as a markdown cell shows it: a leading ">" escaped (else it starts a block quote)."""
+    return "\\" + label if label and label.startswith(">") else label
+
+
 @flow(name="catalog-refresh")
 def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-catalog.json",
                     aws: dict | None = None) -> int:
@@ -39,13 +58,7 @@ def refresh_catalog(region: str = "us-east-1", out: str = "profiles/instance-cat
     catalog, source = build_catalog_task(region, aws or {})
     logger.info(source)
     atomic_write_json(out, catalog)
-    rows = []
-    for t in catalog["types"]:
-        r = t["regions"].get(region)
-        if r and t["gpus"]:
-            rows.append({"type": t["type"], "gpus": t["gpus"], "gpu": t["gpu_model"],
-                         "on-demand $/h": r["on_demand_usd_per_h"], "spot avg $/h": r["spot_avg_usd_per_h"],
-                         "spot now $/h": r.get("spot_current_usd_per_h"), "interruption": r["interruption_label"]})
+    rows = catalog_rows(catalog, region)
     create_table_artifact(rows, key="instance-catalog", description=f"GPU types priced in {region}: {source}")
     logger.info("catalog: %d types, %d priced in %s", len(catalog["types"]), len(rows), region)
     return len(rows)
@@ -67,16 +80,18 @@ def profile_workload(request: TrainRequest) -> str:
 
 
 @flow(name="replan-on-drift")
-def replan_on_drift(resource_id: str, artifacts_dir: str = "artifacts", speed_ratio: float | None = None) -> str:
-    """Asked for by the drift automation: tell the run's watch loop to refit and re-plan (it
-    picks the request up at its next poll). A run that is not live (no folder, or already
-    reported) is left alone."""
+def replan_on_drift(resource_id: str, plan: int, artifacts_dir: str = "artifacts") -> str:
+    """Asked for by the drift automation: tell the run's watch loop to refit and re-plan the plan
+    its drift event named (it picks the request up at its next poll, and drops it if a re-plan
+    has answered that plan since; it refits to its newest observation, not to the event's). The
+    same request again rewrites the same file: running this twice does no more than once. A run
+    that is not live (no folder, or already reported) is left alone."""
     logger = get_run_logger()
     run_id = resource_id.removeprefix("spotfill.run.")
     run_dir = Path(artifacts_dir) / run_id
     if not run_dir.is_dir() or (run_dir / "summary.json").exists():
         logger.info("drift of %s ignored: the run is not live", run_id)
         return "ignored: not live"
-    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "speed_ratio": speed_ratio})
-    logger.info("re-plan requested for %s", run_id)
+    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "plan": plan})
+    logger.info("re-plan of plan %d requested for %s", plan, run_id)
     return str(path)

@@ -5,10 +5,11 @@ to a work pool with `prefect deploy --all`): names, entrypoints, parameters, sch
 triggers are read from it.
 
 - train-with-slo: the main flow, run by hand from the UI (its parameters are validated there);
+- nightly-retrain: the main flow on a nightly schedule, shipped off;
 - catalog-refresh: every 6 hours;
 - profile-workload: on demand;
-- replan-on-drift: run by an automation whenever a run whose drift_action is "automation"
-  reports drift.
+- replan-on-drift: run by an automation when a run whose drift_action is "automation"
+  reports drift (once per run per minute, one flow run at a time).
 """
 from __future__ import annotations
 
@@ -16,25 +17,31 @@ from pathlib import Path
 
 import yaml
 from prefect import serve
+from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from prefect.flows import load_flow_from_entrypoint
+from prefect.schedules import Cron
 
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 
 
 def deployments(path: Path = PREFECT_YAML) -> list:
-    """prefect.yaml's deployments, ready to serve."""
+    """prefect.yaml's deployments, ready to serve: the same names, parameters, tags, schedules
+    (active or not), concurrency limits and triggers as `prefect deploy` creates."""
     spec = yaml.safe_load(path.read_text())
     served = []
     for d in spec["deployments"]:
         flow = load_flow_from_entrypoint(str(path.parent / d["entrypoint"]))
-        crons = [s["cron"] for s in d.get("schedules") or [] if "cron" in s]
-        triggers = [DeploymentEventTrigger(name=t.get("name", d["name"]), enabled=t.get("enabled", True),
-                                           expect=set(t["expect"]), match=t["match"], parameters=t.get("parameters"))
-                    for t in d.get("triggers") or []]
-        served.append(flow.to_deployment(name=d["name"], description=d.get("description"),
-                                         parameters=d.get("parameters") or {}, cron=crons[0] if crons else None,
-                                         triggers=triggers or None))
+        schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True),
+                          parameters=s.get("parameters") or {}, slug=s.get("slug"))
+                     for s in d.get("schedules") or []]
+        triggers = [DeploymentEventTrigger(**({"name": d["name"]} | t)) for t in d.get("triggers") or []]
+        limit = d.get("concurrency_limit")
+        served.append(flow.to_deployment(
+            name=d["name"], description=d.get("description"), parameters=d.get("parameters") or {},
+            tags=d.get("tags"), job_variables=d.get("job_variables"), schedules=schedules or None,
+            concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
+            triggers=triggers or None))
     return served
 
 

@@ -4,10 +4,10 @@ Thin on purpose: every step is a plain function in tasks/ (tasks/pipeline/setup.
 request once, with the run's one provider; tasks/profiling/workflow.py profiles;
 tasks/pipeline/session.py holds the job's state; tasks/pipeline/controller.py decides what the
 watch loop does); here they become Prefect tasks with caching and retries, progress artifacts and
-events on the run's own page, and the verdict as the final state's message. Tasks take the setup
-or the session as an argument and return values; the crash and cancel hooks rebuild what they
-need from the flow run (its id and parameters), so they clean up from whichever process Prefect
-runs them in.
+events on the run's own page, and the verdict as the final state's message (Completed: SLO met,
+Failed: SLO missed). Tasks take the setup or the session as an argument and return values; the
+crash and cancel hooks rebuild what they need from the flow run (its id and parameters), so they
+clean up from whichever process Prefect runs them in.
 """
 from __future__ import annotations
 
@@ -18,16 +18,17 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed, Failed, State
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile
 from tasks.pipeline import stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.report import stopped_report_markdown
+from tasks.pipeline.report import artifact_key, artifact_owner, stopped_report_markdown
 from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.setup import RunSetup, open_setup
 from tasks.planner import PlanResult
@@ -61,8 +62,8 @@ def clusters_cache_key(context, parameters: dict) -> str:
     return "profile-clusters-" + workflow.cache_key(job, list(job.preset.types))
 
 
-@task(name="profile-type", cache_key_fn=type_cache_key, persist_result=True, retries=2,
-      retry_condition_fn=retry_unless_refused)
+@task(name="profile-type", task_run_name="profile-{instance_type}", cache_key_fn=type_cache_key,
+      persist_result=True, retries=2, retry_condition_fn=retry_unless_refused)
 def profile_type(setup: RunSetup, run_id: str, instance_type: str) -> TypeMeasurement:
     return workflow.measure_type(setup.profiling, setup.provider, run_id, instance_type)
 
@@ -83,8 +84,8 @@ def fit_model(job: ProfilingJob, measurements: list, clusters: list, run_dir: Pa
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(session: TrainingSession) -> PlanResult:
     result = session.first_plan()
-    create_table_artifact(stages.alternatives_table(session.compare_alternatives()), key=f"{session.run_id}-plans",
-                          description="Chosen plan and the alternatives (predicted)")
+    create_table_artifact(stages.alternatives_table(session.compare_alternatives()),
+                          key=artifact_key(artifact_owner(), "plans"), description=f"{session.run_id}: chosen plan and the alternatives (predicted)")
     return result
 
 
@@ -116,8 +117,10 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
     logger = get_run_logger()
     run_id = session.run_id
     resource = stages.event_resource(session)
-    loss_art = create_progress_artifact(0.0, key=f"{run_id}-loss", description="% of the way to the target loss")
-    time_art = create_progress_artifact(0.0, key=f"{run_id}-deadline", description="% of the deadline spent")
+    owner = artifact_owner()
+    loss_art = create_progress_artifact(0.0, key=artifact_key(owner, "loss"),
+                                        description=f"{run_id}: % of the way to the target loss")
+    time_art = create_progress_artifact(0.0, key=artifact_key(owner, "deadline"), description=f"{run_id}: % of the deadline spent")
     last_report = 0.0
     while True:
         obs = session.observe()
@@ -128,9 +131,12 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 emit_event(event="spotfill.run.revocation", resource=resource,
                            payload={"instance_id": event.instance_id, "kind": event.kind})
                 logger.info("revocation %s of %s at %.1f s", event.kind, event.instance_id, obs.t_s)
+        asked = stages.pending_replan_request(session)
+        if asked is not None and not session.drift_hold.answers(asked):
+            logger.info("re-plan request for plan %s dropped: plan %s is in effect", asked.get("plan"), session.drift_hold.plan)
         actions = decide(obs, target_loss=session.request.slo.target_loss, deadline_s=session.request.slo.deadline_s,
                          drift_action=session.request.drift_action, drift_ratio=session.check_drift(obs),
-                         asked=stages.pending_replan_request(session), plan_empty=not session.plans[-1].plan,
+                         drift=session.drift_hold, asked=asked, plan_empty=not session.plans[-1].plan,
                          known_leaving=frozenset(session.leaving), probe_due=session.probe_due(obs.t_s))
         for action in actions:
             if action.kind == "done":
@@ -138,9 +144,12 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 update_progress_artifact(time_art, 100 * obs.time_fraction)
                 return session.conclude(obs, action.reason)
             if action.kind == "announce-drift":
+                session.record_drift("announced", action.speed_ratio)
                 emit_event(event="spotfill.run.drift", resource=resource | {"spotfill.drift-action": "automation"},
-                           payload={"speed_ratio": action.speed_ratio, "artifacts_dir": session.request.artifacts_dir})
-                logger.warning("drift: progress at %.0f%% of the prediction; left to the automation", 100 * action.speed_ratio)
+                           payload={"speed_ratio": action.speed_ratio, "plan": session.drift_hold.announce(),
+                                    "artifacts_dir": session.request.artifacts_dir})
+                logger.warning("drift: progress at %.0f%% of the prediction; left to the automation (once for this plan)",
+                               100 * action.speed_ratio)
             elif action.kind == "refit":
                 session.record_drift(action.reason, action.speed_ratio)
                 session.refit_for_drift(action.speed_ratio)
@@ -166,23 +175,55 @@ def run_id_of(flow_run_id: uuid.UUID) -> str:
 
 def _stop_hook(flow, flow_run, state) -> None:
     """On cancellation or a crash, from the flow run alone: terminate everything the run started
-    (the stateless cleanup) and report the time and money spent, as files and on the run's page."""
+    (the stateless cleanup) and report the time and money spent, as files and on the run's page.
+    A crash while a cancel was under way (the runner's SIGTERM reached the flow's process, which
+    Prefect may record as Crashed) is that cancel: reported as Cancelled, and the run set
+    Cancelled at once. The flow's process and the runner may both run this hook for one stop:
+    one report is written and published, by whichever comes first (stages.stop_and_report)."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])
-    summary = stages.stop_and_report(request, run_id_of(flow_run.id), state.name)
-    publish_stopped_report(flow_run.id, summary)
+    with get_client(sync_client=True) as client:
+        cancelled = state.is_cancelling() or state.is_cancelled() or any(
+            s.is_cancelling() for s in client.read_flow_run_states(flow_run.id))
+        summary = stages.stop_and_report(request, run_id_of(flow_run.id), "Cancelled" if cancelled else state.name)
+        if cancelled and state.is_crashed():
+            client.set_flow_run_state(flow_run.id, Cancelled(message="Cancelled: the run's instances are terminated"),
+                                      force=True)
+        if summary is not None:
+            publish_stopped_report(client, flow_run, summary)
 
 
-def publish_stopped_report(flow_run_id: uuid.UUID, summary: dict) -> None:
-    """The stopped run's report as a markdown artifact of its flow run. Prefect runs the hooks in
-    whichever process notices the stop (the runner or worker after a SIGKILL), where no run
-    context names the flow run, so the artifact names it explicitly."""
-    from prefect.client.orchestration import get_client
+def publish_stopped_report(client, flow_run, summary: dict) -> None:
+    """The stopped run's report as a markdown artifact of its flow run, under its deployment's
+    report key. Prefect runs the hooks in whichever process notices the stop (the runner or
+    worker after a SIGKILL), where no run context names the flow run, so the artifact names it
+    explicitly."""
     from prefect.client.schemas.actions import ArtifactCreate
 
-    with get_client(sync_client=True) as client:
-        client.create_artifact(ArtifactCreate(
-            type="markdown", key=f"{summary['run_id']}-report", description=summary["verdict"],
-            data=stopped_report_markdown(summary), flow_run_id=flow_run_id))
+    owner = client.read_deployment(flow_run.deployment_id).name if flow_run.deployment_id else train_with_slo.name
+    client.create_artifact(ArtifactCreate(
+        type="markdown", key=artifact_key(owner, "report"), description=summary["verdict"],
+        data=stopped_report_markdown(summary), flow_run_id=flow_run.id))
+
+
+def verdict_state(summary: dict) -> State:
+    """The final state every Prefect view lists (the deployment's Runs tab filters by the standard
+    state names): Completed when the SLO was met, Failed when missed; the verdict is its message,
+    the summary its result, and the run gets the tag `slo-met` or `slo-missed` to filter by."""
+    tag = "slo-met" if summary["met"] else "slo-missed"
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(ctx.flow_run.id, tags=sorted({*ctx.flow_run.tags, tag}))
+    return (Completed if summary["met"] else Failed)(message=summary["verdict"], data=summary)
+
+
+def run_summary(state: State) -> dict:
+    """What a run of the flow reached: its summary if it has a verdict (met or missed); any
+    other end raises what ended it (bad input, a crash)."""
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 @flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])
@@ -220,7 +261,6 @@ def train_with_slo(request: TrainRequest):
         with clock("report"):
             summary = stages.write_report(session, outcome, clock)
         logger.info(summary["verdict"])
-        # the state's name is the verdict's head: `prefect deployment run --watch` ends with it
-        return Completed(name="SLO met" if summary["met"] else "SLO missed", message=summary["verdict"], data=summary)
+        return verdict_state(summary)
     finally:
         setup.provider.cleanup(run_id)

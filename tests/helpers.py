@@ -125,3 +125,19 @@ def same_cost(a, b):
     from tasks.planner.problem import COST_TIE_REL
 
     return abs(a - b) <= COST_TIE_REL * max(abs(a), abs(b)) + 1e-15
+
+
+def observation(**patch):
+    """A session Observation with plain defaults, the fields given replaced."""
+    from tasks.pipeline.session import Observation
+
+    base = dict(t_s=10.0, loss=2.0, updates=100, samples=1000, workers={"p3.2xlarge": 2}, spent_usd=0.0,
+                ps_spent_usd=0.0, loss_fraction=0.1, time_fraction=0.1)
+    return Observation(**(base | patch))
+
+
+def sleeper_startup():
+    """An instance that sleeps for two minutes: a process to start, watch and end."""
+    from tasks.providers.base import Startup
+
+    return Startup(("python", "-c", "import time; time.sleep(120)"))

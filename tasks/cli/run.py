@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_flow(request, args: argparse.Namespace) -> int:
-    from flows.train_with_slo import train_with_slo  # deferred: boto3, prefect, scipy (start-up cost)
+    from flows.train_with_slo import run_summary, train_with_slo  # deferred: boto3, prefect, scipy (start-up cost)
     from tasks.pipeline import stages
 
     bar = ProgressBar(100, "training")
@@ -284,7 +284,7 @@ def _run_flow(request, args: argparse.Namespace) -> int:
 
     stages.PROGRESS_LISTENERS.append(show)
     try:
-        summary = train_with_slo(request)
+        summary = run_summary(train_with_slo(request, return_state=True))
     finally:
         bar.close()
         stages.PROGRESS_LISTENERS.remove(show)

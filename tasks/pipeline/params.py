@@ -1,5 +1,9 @@
 """The pipeline's parameters: typed pydantic models, so the Prefect UI validates what a user
-types and the CLI gets the same checks."""
+types and the CLI gets the same checks. Every field, nested ones too, has a default (the SLO's
+and the candidates' are the README's demo job), because Prefect merges a run's parameters over a
+deployment's one top-level name at a time: `--params '{"request": {"slo": {"deadline_s": 300}}}'`
+replaces the whole request, and what it leaves out must still validate. Titles are what the UI's
+form shows ("Deadline (s)")."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,23 +28,27 @@ class SLO(BaseModel):
     """What the user is promised: reach `target_loss` within `deadline_s` of the launch."""
 
     model_config = _STRICT
-    target_loss: float = Field(gt=0, strict=True, description="training loss to reach (smoothed over updates)")
-    deadline_s: float = Field(gt=0, le=MAX_DURATION_S, description="seconds from the launch of training")
+    target_loss: float = Field(1.7, gt=0, strict=True, title="Target loss",
+                               description="training loss to reach (smoothed over updates)")
+    deadline_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, title="Deadline (s)",
+                              description="seconds from the launch of training")
 
 
 class Candidates(BaseModel):
     """Which instance types the planner may use, and how many of each."""
 
     model_config = _STRICT
-    types: list[str] = Field(min_length=1, description="instance types to profile and plan over")
-    quotas: dict[str, int] = Field(default_factory=dict, description="per-type caps (at most SPOTFILL_MAX_COUNT, 1000); default 4 each")
-    min_workers: int | None = Field(None, ge=1, description=(
+    types: list[str] = Field(default_factory=lambda: ["p3.2xlarge", "g3.8xlarge"], min_length=1,
+                             title="Instance types", description="instance types to profile and plan over")
+    quotas: dict[str, int] = Field(default_factory=dict, title="Quotas per type",
+                                   description="per-type caps (at most SPOTFILL_MAX_COUNT, 1000); default 4 each")
+    min_workers: int | None = Field(None, ge=1, title="Minimum workers", description=(
         "plan and re-plan at least this many workers, so a revocation leaves survivors (default: the smallest "
         "cluster the profile's loss curve was fitted on)"))
-    on_demand_quota: dict[str, int] = Field(default_factory=dict, description=(
+    on_demand_quota: dict[str, int] = Field(default_factory=dict, title="On-demand quota per type", description=(
         "on-demand workers of each candidate type a plan may add when spot alone would miss the deadline "
         "(docs/pipeline.md, On-demand fallback); default none: spot only"))
-    spot_probe_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description=(
+    spot_probe_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, title="Spot probe every (s)", description=(
         "while on-demand workers run or the market refused a spot type, try spot again this often (seconds)"))
 
     @model_validator(mode="after")
@@ -66,12 +74,12 @@ class Revocations(BaseModel):
     """Revocations to replay on the local provider (AWS revokes on its own)."""
 
     model_config = _STRICT
-    trace: str | None = Field(None, description="a preemption trace under profiles/traces/ to replay")
-    trace_type: str | None = Field(None, description="replay the trace against this type's workers only "
+    trace: str | None = Field(None, title="Trace", description="a preemption trace under profiles/traces/ to replay")
+    trace_type: str | None = Field(None, title="Trace type", description="replay the trace against this type's workers only "
                                    "(a trace of one family revokes that family); default: every worker")
-    time_scale: float = Field(600.0, gt=0, le=1e6, description="trace seconds per real second")
-    inject_at_s: list[float] = Field(default_factory=list, description="revoke one worker at these run times")
-    notice_s: float = Field(2.0, ge=0, le=MAX_DURATION_S, description="notice before the instance is taken")
+    time_scale: float = Field(600.0, gt=0, le=1e6, title="Time scale", description="trace seconds per real second")
+    inject_at_s: list[float] = Field(default_factory=list, title="Inject at (s)", description="revoke one worker at these run times")
+    notice_s: float = Field(2.0, ge=0, le=MAX_DURATION_S, title="Notice (s)", description="notice before the instance is taken")
 
     @model_validator(mode="after")
     def _times_are_durations(self) -> "Revocations":
@@ -82,16 +90,16 @@ class Revocations(BaseModel):
 
 class ProviderSettings(BaseModel):
     model_config = _STRICT
-    name: Literal["local", "aws"] = "local"
-    region: str = "us-east-1"
-    aws: dict[str, Any] = Field(default_factory=dict, description="AwsConfig fields (AMIs, subnet, ...); docs/aws.md")
-    revocations: Revocations = Field(default_factory=Revocations)
-    capacity: dict[str, int] = Field(default_factory=dict, description=(
+    name: Literal["local", "aws"] = Field("local", title="Provider")
+    region: str = Field("us-east-1", title="Region")
+    aws: dict[str, Any] = Field(default_factory=dict, title="AWS settings", description="AwsConfig fields (AMIs, subnet, ...); docs/aws.md")
+    revocations: Revocations = Field(default_factory=Revocations, title="Revocations")
+    capacity: dict[str, int] = Field(default_factory=dict, title="Market capacity", description=(
         "local: spot instances the emulated market has of each type (default: unlimited)"))
-    capacity_traces: dict[str, str] = Field(default_factory=dict, description=(
+    capacity_traces: dict[str, str] = Field(default_factory=dict, title="Capacity traces", description=(
         "local: a capacity trace file per type (docs/market.md), played from the launch at "
         "revocations.time_scale: spot launches above it are refused, drops revoke the excess"))
-    droughts_s: dict[str, float] = Field(default_factory=dict, description=(
+    droughts_s: dict[str, float] = Field(default_factory=dict, title="Droughts (s)", description=(
         "local: no spot capacity of the type for this many seconds from the run's first revocation notice"))
 
     @field_validator("region")
@@ -121,17 +129,17 @@ class ProviderSettings(BaseModel):
 
 class Filling(BaseModel):
     model_config = _STRICT
-    enabled: bool = True
-    online_rate_per_s: float = Field(5.0, ge=0, description="online inference requests per second per worker")
-    online_slo_s: float = Field(0.5, gt=0, description="latency SLO of one online request")
+    enabled: bool = Field(True, title="Enabled")
+    online_rate_per_s: float = Field(5.0, ge=0, title="Online rate (requests/s)", description="online inference requests per second per worker")
+    online_slo_s: float = Field(0.5, gt=0, title="Online SLO (s)", description="latency SLO of one online request")
 
 
 class BudgetCaps(BaseModel):
     """Guards that hold whatever the planner says."""
 
     model_config = _STRICT
-    max_instances: int = Field(12, gt=0)
-    max_usd_per_h: float = Field(100.0, gt=0)
+    max_instances: int = Field(12, gt=0, title="Max instances")
+    max_usd_per_h: float = Field(100.0, gt=0, title="Max $/h")
 
     @model_validator(mode="after")
     def _within_the_count_limit(self) -> "BudgetCaps":
@@ -144,32 +152,32 @@ class TrainRequest(BaseModel):
     """One training job with its SLO: the main flow's single parameter."""
 
     model_config = _STRICT
-    workload: str = Field("transformer-lm", description="a built-in workload name or module:function")
-    workload_options: dict[str, int | float | str] = Field(default_factory=dict)
-    slo: SLO
-    candidates: Candidates
-    profile: str | None = Field(None, description="use this profile JSON instead of profiling")
-    profiling: Literal["quick", "full"] = Field("quick", description="profiling preset (tasks/profiling/presets.py)")
+    workload: str = Field("transformer-lm", title="Workload", description="a built-in workload name or module:function")
+    workload_options: dict[str, int | float | str] = Field(default_factory=dict, title="Workload options")
+    slo: SLO = Field(default_factory=SLO, title="SLO")
+    candidates: Candidates = Field(default_factory=Candidates, title="Candidates")
+    profile: str | None = Field(None, title="Profile", description="use this profile JSON instead of profiling")
+    profiling: Literal["quick", "full"] = Field("quick", title="Profiling", description="profiling preset (tasks/profiling/presets.py)")
     profile_budget_s: float | None = Field(
-        None, gt=0, le=MAX_DURATION_S, description="seconds the profiling clusters may train in all until they share a loss band "
+        None, gt=0, le=MAX_DURATION_S, title="Profiling budget (s)", description="seconds the profiling clusters may train in all until they share a loss band "
                                 "(default: the preset's, 300)")
     async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
-        "guarded", description="how the parameter server applies a stale gradient (docs/runtime.md)")
-    solver: SolverName = DEFAULT_SOLVER
-    regions: list[str] = Field(default_factory=list, description="must stay empty: the pipeline launches the "
+        "guarded", title="Async rule", description="how the parameter server applies a stale gradient (docs/runtime.md)")
+    solver: SolverName = Field(DEFAULT_SOLVER, title="Solver")
+    regions: list[str] = Field(default_factory=list, title="Regions", description="must stay empty: the pipeline launches the "
                                "profile's types in provider.region; `spotfill plan --regions` plans across regions")
-    risk_level: float = Field(RISK_LEVEL, gt=0, lt=1, description="solver risk: P(meeting the deadline) to reach")
-    confidence: float | None = Field(None, gt=0, lt=1, description="plan and re-plan to meet the deadline at the "
+    risk_level: float = Field(RISK_LEVEL, gt=0, lt=1, title="Risk level", description="solver risk: P(meeting the deadline) to reach")
+    confidence: float | None = Field(None, gt=0, lt=1, title="Confidence", description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
-    overhead_s: float = Field(3.0, ge=0, le=MAX_DURATION_S, description="T_ohd: time for new instances to start and join")
-    provider: ProviderSettings = Field(default_factory=ProviderSettings)
-    filling: Filling = Field(default_factory=Filling)
-    budget: BudgetCaps = Field(default_factory=BudgetCaps)
-    drift_threshold: float = Field(0.25, gt=0, description="relative speed shortfall that counts as drift")
-    drift_window_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="how long drift must last before re-planning")
+    overhead_s: float = Field(3.0, ge=0, le=MAX_DURATION_S, title="Start-up overhead (s)", description="T_ohd: time for new instances to start and join")
+    provider: ProviderSettings = Field(default_factory=ProviderSettings, title="Provider")
+    filling: Filling = Field(default_factory=Filling, title="Filling")
+    budget: BudgetCaps = Field(default_factory=BudgetCaps, title="Budget caps")
+    drift_threshold: float = Field(0.25, gt=0, title="Drift threshold", description="relative speed shortfall that counts as drift")
+    drift_window_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, title="Drift window (s)", description="how long drift must last before re-planning")
     drift_action: Literal["inline", "automation"] = Field(
-        "inline", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
-    artifacts_dir: str = Field("artifacts", description="where run reports go (one folder per run)")
+        "inline", title="Drift action", description="re-plan in the run itself, or leave it to the replan-on-drift automation")
+    artifacts_dir: str = Field("artifacts", title="Artifacts folder", description="where run reports go (one folder per run)")
 
     @field_validator("artifacts_dir")
     @classmethod

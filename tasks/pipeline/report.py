@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -109,13 +110,24 @@ def plan_text(plan: dict[str, int]) -> str:
 
 def stopped_report_markdown(summary: dict) -> str:
     """A cancelled or crashed run's report (tasks/pipeline/stages.py stop_and_report): the verdict,
-    and the plan, revocations, re-plans and shortfalls its last progress on disk had reached."""
+    and the plan, revocations, re-plans, shortfalls and timeline its last progress on disk had reached."""
     lines = [f"# {summary['run_id']}", "", f"**{summary['verdict']}**", ""]
     if "plan" in summary:
         lines += [f"- plan in effect: {plan_text(summary['plan'])}",
                   f"- revocations: {summary.get('revocations', 0)}, re-plans: {summary.get('replans', 0)}"]
         lines += [f"- the market refused {s['missing']} x {s['type']}: {s['why']}" for s in summary.get("shortfalls", [])]
+    if summary.get("timeline"):
+        lines += ["", *timeline_lines(summary["timeline"])]
     return "\n".join(lines) + "\n"
+
+
+def timeline_lines(timeline: list[dict]) -> list[str]:
+    """The run's timeline as a markdown table, one row per entry."""
+    lines = ["## Timeline", "", "| t (s) | event | detail |", "|---|---|---|"]
+    for e in timeline:
+        detail = {k: v for k, v in e.items() if k not in ("t_s", "kind")}
+        lines.append(f"| {e['t_s']:.1f} | {e['kind']} | {json.dumps(detail)} |")
+    return lines
 
 
 STOP_CAUSES = {  # a PS stop reason the verdict spells out (others are shown as they are)
@@ -209,10 +221,7 @@ def report_markdown(summary: dict, image_src: str | None = None) -> str:
         c = "-" if r["predicted_cost_usd"] is None else f"{r['predicted_cost_usd']:.4f}"
         lines.append(f"| {r['name']} | {inst} | {t} | {c} | {r['status']} |")
     lines += on_demand_markdown(summary)
-    lines += ["", "## Timeline", "", "| t (s) | event | detail |", "|---|---|---|"]
-    for e in summary["timeline"]:
-        detail = {k: v for k, v in e.items() if k not in ("t_s", "kind")}
-        lines.append(f"| {e['t_s']:.1f} | {e['kind']} | {json.dumps(detail)} |")
+    lines += ["", *timeline_lines(summary["timeline"])]
     lines += ["", "## Stages (wall seconds)", "", "| stage | s |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in summary["stage_seconds"].items()]
     lines += [f"| orchestration overhead (all but training) | {summary['orchestration_overhead_s']:.2f} |", "",
@@ -236,6 +245,21 @@ def on_demand_markdown(summary: dict) -> list[str]:
     return lines
 
 
+def artifact_key(owner: str, kind: str) -> str:
+    """A key that stays the same from run to run of one deployment (`train-with-slo-report`), so
+    each run's artifact is the next version of it; the run id is in the artifact itself. Prefect
+    keys take lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{owner}-{kind}".lower())
+
+
+def artifact_owner() -> str:
+    """Inside a flow run: its deployment's name, or its flow's name when run without one (the
+    main flow's outside any run: a stage called on its own)."""
+    from prefect.runtime import deployment, flow_run
+
+    return deployment.name or flow_run.flow_name or "train-with-slo"
+
+
 def _prefect_artifacts(summary: dict) -> None:
     """Mirror the report as Prefect artifacts when running inside a flow."""
     from prefect.context import FlowRunContext
@@ -244,10 +268,11 @@ def _prefect_artifacts(summary: dict) -> None:
         return
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    run_id = summary["run_id"]
+    owner = artifact_owner()
     png = base64.b64encode(Path(summary["timeline_png"]).read_bytes()).decode()
-    create_markdown_artifact(report_markdown(summary, f"data:image/png;base64,{png}"), key=f"{run_id}-report",
-                             description=f"{summary['verdict']} (files: {summary['report_dir']})")
+    create_markdown_artifact(report_markdown(summary, f"data:image/png;base64,{png}"),
+                             key=artifact_key(owner, "report"), description=f"{summary['verdict']} (files: {summary['report_dir']})")
     create_table_artifact([{"t_s": round(e["t_s"], 1), "event": e["kind"],
                             "detail": json.dumps({k: v for k, v in e.items() if k not in ("t_s", "kind")})}
-                           for e in summary["timeline"]], key=f"{run_id}-timeline", description="What happened when")
+                           for e in summary["timeline"]], key=artifact_key(owner, "timeline"),
+                          description=f"{summary['run_id']}: what happened when")

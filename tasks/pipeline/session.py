@@ -26,7 +26,8 @@ from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.replan import cheapest_or_fastest, deadline_safe
 from tasks.pipeline.alternatives import plan_alternatives
 from tasks.pipeline.fallback import all_joined, hardware_counts, offer_counts, takeover_by_market, to_release
-from tasks.pipeline.watch import CostMeter, DriftDetector, LossCurve, loss_progress, progress_ratio
+from tasks.pipeline.watch import (CostMeter, DriftDetector, DriftHold, LossCurve, loss_progress, progress_ratio,
+                                  refit_ratio)
 from tasks.planner import PlanRequest, PlanResult
 from tasks.planner.on_demand import base_type, is_on_demand, on_demand_name
 from tasks.planner.solvers import get_solver
@@ -98,6 +99,7 @@ class TrainingSession:
         self.cost = CostMeter()
         self.ps_cost = CostMeter()
         self.drift = DriftDetector(request.drift_threshold, request.drift_window_s)
+        self.drift_hold = DriftHold()  # drift acts once per plan (watch.py)
         self.initial_loss: float | None = None
         self.replans = 0
         self.revocations = 0
@@ -375,7 +377,9 @@ class TrainingSession:
             curve, texp_s = self.loss_curve(self.plans[-1].plan)
             t0, loss0 = self.progress_origin
             progress = progress_ratio(curve, texp_s, obs.t_s - t0 - self.request.overhead_s, loss0, obs.loss)
-        return self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers), progress)
+        ratio = self.drift.observe(time.time(), obs.updates, self.predicted_updates_per_s(obs.workers), progress)
+        self.drift_hold.saw(ratio)
+        return ratio
 
     # ------------------------------------------------------------------ re-planning
     def decide_replan(self, reason: str, t_s: float, current_loss: float | None,
@@ -405,6 +409,7 @@ class TrainingSession:
         result = self.decide_replan(reason, obs.t_s, current)
         result = self.launch_plan(result, f"replan-{self.replans}", current)
         self.drift.reset()
+        self.drift_hold = DriftHold(plan=self.replans)
         self.progress_origin = (obs.t_s, obs.loss)
         return result
 
@@ -418,11 +423,11 @@ class TrainingSession:
 
     def refit_for_drift(self, ratio: float) -> None:
         """Observed speed fell short of the prediction for a sustained window: scale the
-        profile's compute times so the model matches what is observed, then re-plan. No update
-        at all in the window (ratio 0: workers still starting, or all revoked) gives no speed to
-        refit to; the profile is kept and the re-plan alone acts."""
-        if ratio <= 0:
-            return
+        profile's compute times so the model matches what is observed, then re-plan. Once per
+        plan, with the ratio measured against this plan's model (DriftHold), so no observation is
+        applied twice. A ratio outside (0, 1] (watch.refit_ratio) is refused."""
+        if refit_ratio(ratio) is None:
+            raise ValueError(f"a drift refit needs a speed ratio in (0, 1], not {ratio!r}")
         data = self.profile.model_dump()
         for inst in data["instances"]:
             inst["compute_time_s"] = inst["compute_time_s"] / ratio

@@ -17,13 +17,14 @@ from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile, load_profile, profile_from_dict
 from tasks.core.traces import trace_path
 from tasks.pipeline.params import TrainRequest
-from tasks.pipeline.report import stopped_report_markdown, write_run_report
+from tasks.pipeline.report import finite_or_none, stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
 from tasks.providers.capacity_replay import drought
 from tasks.providers.cleanup import cleanup_run
 
 REPLAN_REQUEST = "replan-request.json"
 PROGRESS = "progress.json"  # the latest poll's time, loss and spend: what a stopped run's report reads
+STOP_REPORTED = "stop-reported"  # made by the first hook to report a stop, so a run has one stopped report
 
 # Callables told of every observation (the CLI's progress bar listens here).
 PROGRESS_LISTENERS: list[Callable[[TrainingSession, Observation], None]] = []
@@ -93,31 +94,43 @@ def event_resource(session: TrainingSession) -> dict:
 
 
 def record_progress(session: TrainingSession, obs: Observation) -> None:
-    """Where the run stands, on disk, so that a run stopped from outside can still be accounted for."""
-    atomic_write_json(session.run_dir / PROGRESS, {
+    """Where the run stands, on disk, so that a run stopped from outside can still be accounted
+    for: with the instances running (what a stop ends) and the timeline so far."""
+    atomic_write_json(session.run_dir / PROGRESS, finite_or_none({
         "t_s": obs.t_s, "loss": obs.loss, "spent_usd": obs.spent_usd, "ps_spent_usd": obs.ps_spent_usd,
         "workers": obs.workers, "plan": session.plans[-1].plan if session.plans else {},
-        "replans": session.replans, "revocations": session.revocations, "shortfalls": session.shortfalls})
+        "replans": session.replans, "revocations": session.revocations, "shortfalls": session.shortfalls,
+        "instances": sorted(i.instance_id for i in session.provider.describe(session.run_id)),
+        "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline]}))
 
 
-def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict:
+def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict | None:
     """A run cancelled or crashed: terminate what it started (the stateless cleanup) and write
-    its report from the last progress on disk: how long it ran and what it spent."""
+    its report from the last progress on disk: how long it ran, what it spent, the instances the
+    stop ended (those running at the last progress, whoever ended them: this cleanup, or the
+    provider's own signal handler first) and the timeline. One stop may call this twice (the
+    flow's process and the runner both run a hook): each terminates what is left, the first
+    writes the report and returns it, a later one returns None."""
     artifacts = Path(request.artifacts_dir)
     terminated, _ = cleanup_run(request.provider.name, run_id, artifacts_dir=artifacts,
                                 aws_config={**request.provider.aws, "region": request.provider.region})
     run_dir = artifacts / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        (run_dir / STOP_REPORTED).open("x").close()  # exclusive: one report whichever hook comes first
+    except FileExistsError:
+        return None
     try:
         last = json.loads((run_dir / PROGRESS).read_text())
     except (OSError, json.JSONDecodeError):
         last = {"t_s": 0.0, "loss": None, "spent_usd": 0.0, "ps_spent_usd": 0.0}
+    ended = max(terminated, len(last.get("instances", [])))
     loss = "n/a" if last["loss"] is None else f"{last['loss']:.4f}"
     verdict = (f"Run {state_name.lower()} after {last['t_s']:.1f} s of training: loss {loss} (target "
                f"{request.slo.target_loss:g}); spent ${last['spent_usd']:.4f} on workers plus "
-               f"${last['ps_spent_usd']:.4f} for the PS; {terminated} instance(s) terminated at the stop")
+               f"${last['ps_spent_usd']:.4f} for the PS; {ended} instance(s) ended at the stop")
     summary = {"run_id": run_id, "state": state_name, "verdict": verdict, "met": False, **last,
-               "terminated_at_stop": terminated}
-    run_dir.mkdir(parents=True, exist_ok=True)
+               "ended_at_stop": ended}
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", stopped_report_markdown(summary))
     return summary
@@ -130,7 +143,8 @@ def notify_progress(session: TrainingSession, obs: Observation) -> None:
 
 def pending_replan_request(session: TrainingSession) -> dict | None:
     """A re-plan asked for from outside (the drift automation's deployment writes this file),
-    taken once."""
+    taken once; it names the plan it answers, and the controller drops it if that plan was
+    re-planned since."""
     path = session.run_dir / REPLAN_REQUEST
     try:
         asked = json.loads(path.read_text())

@@ -2,6 +2,7 @@
 whether the run has drifted from the prediction, in update rate or in progress to the target."""
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -90,3 +91,36 @@ class DriftDetector:
             return None
         self.below_since = self.below_since if self.below_since is not None else now_s
         return ratio if now_s - self.below_since >= self.window_s else None
+
+
+@dataclass
+class DriftHold:
+    """Drift acts once per plan: announced once and then held (however many polls still see it)
+    until a re-plan answers it; the next plan starts a new hold. `plan` names the plan drift is
+    judged against (0 the first, then the run's re-plan count), so a re-plan request that answers
+    an earlier plan is recognised as stale. `newest_ratio` is the latest observed/predicted ratio
+    against this plan's model: what a refit uses, whatever ratio an announcement carried."""
+
+    plan: int = 0
+    announced: bool = False
+    newest_ratio: float | None = None
+
+    def announce(self) -> int:
+        """Mark this plan's drift announced; the plan a re-plan request must name to answer it."""
+        self.announced = True
+        return self.plan
+
+    def saw(self, ratio: float | None) -> None:
+        if ratio is not None:
+            self.newest_ratio = ratio
+
+    def answers(self, asked: dict) -> bool:
+        """Whether a re-plan request is for the plan in effect (not one an earlier re-plan answered)."""
+        return asked.get("plan") == self.plan
+
+
+def refit_ratio(ratio: float | None) -> float | None:
+    """A speed ratio a refit may scale the model by: in (0, 1]. None, zero (no update in the
+    window: workers still starting, or all revoked), negative (the loss rose), above 1 (not
+    drift) or not finite gives no speed to refit to: None."""
+    return ratio if ratio is not None and math.isfinite(ratio) and 0 < ratio <= 1 else None

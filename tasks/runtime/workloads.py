@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 
 from tasks.core.errors import UserInputError, one_line
 from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
+from tasks.core.thread_output import captured_output
 
 OPTIMIZERS = ("sgd", "adam")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -248,12 +248,12 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
 @contextlib.contextmanager
 def plugin_code(spec: str, doing: str):
     """Around a plug-in's own code: what it prints goes to stderr once it returns (stdout is for one
-    JSON object), and a sys.exit() inside it (an argparse at import, say) is its failure, not this
-    process's: one line that ends with the last line the plug-in printed (argparse's complaint),
+    JSON object; captured for this thread only, so plug-ins built in threads at once leave the
+    process's streams alone: tasks/core/thread_output.py), and a sys.exit() inside it (an argparse
+    at import, say) is its failure, not this process's: one line that ends with the last line the plug-in printed (argparse's complaint),
     not its usage text before ours."""
-    printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with captured_output() as printed:
             yield
     except SystemExit as err:
         said = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]

@@ -30,3 +30,13 @@ def test_without_credentials_it_says_so_and_keeps_the_shipped_catalog(monkeypatc
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     catalog, source = build_catalog_task.fn("us-east-1", {})
     assert source.startswith("no AWS credentials") and catalog == build_catalog()
+
+
+def test_the_catalog_table_escapes_the_band_that_reads_as_a_block_quote():
+    from flows.maintenance import catalog_rows
+
+    catalog = build_catalog()
+    bands = {row["interruption"] for row in catalog_rows(catalog, "us-east-1")}
+    shipped = {t["regions"]["us-east-1"]["interruption_label"] for t in catalog["types"]
+               if t["gpus"] and "us-east-1" in t["regions"]}
+    assert ">20%" in shipped and "\\>20%" in bands and not any(b and b.startswith(">") for b in bands)

@@ -54,11 +54,11 @@ def test_a_first_launch_short_of_capacity_is_replanned_and_the_difference_launch
     ({"g3.8xlarge": 1, "p3.2xlarge": 0}, "none left"),  # nothing to replace it with: a clear miss
 ])
 def test_a_replacement_short_of_capacity_ends_with_a_verdict_not_a_crash(prefect_harness, tmp_path, capacity, outcome):
-    from flows.train_with_slo import train_with_slo
+    from flows.train_with_slo import run_summary, train_with_slo
 
     request = local_request(tmp_path, provider={
         "name": "local", "capacity": capacity, "revocations": {"inject_at_s": [4.0], "notice_s": 2.0}})
-    summary = train_with_slo(request)
+    summary = run_summary(train_with_slo(request, return_state=True))
     assert summary["verdict"].startswith(("SLO met", "SLO missed")), summary["verdict"]
     assert "the market refused" in summary["verdict"] and "g3.8xlarge" in summary["verdict"]
     assert {s["type"] for s in summary["shortfalls"]} >= {"g3.8xlarge"}

@@ -11,10 +11,10 @@ from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import TrainingSession
 from tasks.pipeline.setup import resolve_setup
 from tasks.pipeline.stages import load_request_profile
+from tasks.pipeline.watch import DriftHold
 from tasks.providers.base import Instance
 from tasks.runtime.telemetry import ClusterProgress, WorkerStats
-from tests.helpers import LOCAL_QUICK_PROFILE
-from tests.pipeline.test_units import _poll
+from tests.helpers import LOCAL_QUICK_PROFILE, observation
 
 
 def worker(n: int, instance_type: str, market: str = "spot") -> Instance:
@@ -51,11 +51,12 @@ def test_release_waits_until_every_worker_alive_has_pushed_an_update():
 def test_the_controller_probes_spot_in_the_same_replan_as_a_revocation():
     from tasks.providers.base import ProviderEvent
 
-    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, asked=None, plan_empty=False)
-    assert decide(_poll(), **args | {"probe_due": True}) == [Action("replan", "probe")]
+    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, drift=DriftHold(),
+                asked=None, plan_empty=False)
+    assert decide(observation(), **args | {"probe_due": True}) == [Action("replan", "probe")]
     notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
-    assert decide(_poll(events=[notice]), **args | {"probe_due": True}) == [Action("replan", "revocation+probe", ("i-1",))]
-    assert decide(_poll(loss=1.4), **args | {"probe_due": True}) == [Action("done", "target")]
+    assert decide(observation(events=[notice]), **args | {"probe_due": True}) == [Action("replan", "revocation+probe", ("i-1",))]
+    assert decide(observation(loss=1.4), **args | {"probe_due": True}) == [Action("done", "target")]
 
 
 def _session(tmp_path, alive: list[Instance], **candidates) -> TrainingSession:

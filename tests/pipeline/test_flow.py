@@ -29,12 +29,19 @@ def request(tmp_path, **patch):
 
 
 def test_flow_survives_a_revocation_and_meets_its_slo(prefect_harness, tmp_path, providers_built):
-    from flows.train_with_slo import train_with_slo
+    from prefect.client.orchestration import get_client
 
-    summary = train_with_slo(request(tmp_path))
+    from flows.train_with_slo import run_summary, train_with_slo
+
+    state = train_with_slo(request(tmp_path), return_state=True)
+    summary = run_summary(state)
     assert len(providers_built) == 1  # the run's setup's, used by every stage
     assert summary["met"], summary["verdict"]
     assert summary["verdict"].startswith("SLO met")
+    # a standard final state (every Prefect view lists it), the verdict its message, a tag to filter by
+    assert (state.type.value, state.name, state.message) == ("COMPLETED", "Completed", summary["verdict"])
+    with get_client(sync_client=True) as client:
+        assert "slo-met" in client.read_flow_run(state.state_details.flow_run_id).tags
     assert summary["revocations"] >= 1 and summary["replans"] >= 1
     replan = next(e for e in summary["timeline"] if e["kind"] == "replan")
     assert replan["reason"] == "revocation"

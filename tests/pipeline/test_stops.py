@@ -18,12 +18,15 @@ def request(tmp_path, **patch) -> TrainRequest:
         "artifacts_dir": str(tmp_path)} | patch)
 
 
-def test_a_cancelled_run_gets_its_report_as_an_artifact_of_its_flow_run(prefect_harness, tmp_path):
-    """The hook runs where Prefect notices the stop, with no run context: the report still lands
-    on the flow run, with the time, spend and plan the run's last progress had reached."""
+def test_a_cancel_seen_as_a_crash_ends_cancelled_with_one_report_on_its_flow_run(prefect_harness, tmp_path):
+    """The runner's SIGTERM may reach the flow's process as a crash during a cancel; that hook and
+    the runner's cancellation hook both run, with no run context. One report lands on the flow
+    run, under the deployment's (here the flow's) key: cancelled, with the time, spend, plan and
+    timeline the run's last progress had reached and the instances running then counted as ended
+    (whoever ended them); the run ends Cancelled."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-    from prefect.states import Cancelled
+    from prefect.states import Cancelling, Crashed
 
     from flows.train_with_slo import _stop_hook, run_id_of, train_with_slo
 
@@ -34,15 +37,24 @@ def test_a_cancelled_run_gets_its_report_as_an_artifact_of_its_flow_run(prefect_
         run_dir.mkdir()
         (run_dir / "progress.json").write_text(json.dumps({
             "t_s": 12.5, "loss": 1.93, "spent_usd": 0.0012, "ps_spent_usd": 0.0021, "workers": {"g3.8xlarge": 2},
-            "plan": {"g3.8xlarge": 2, "p3.2xlarge": 1}, "replans": 1, "revocations": 1, "shortfalls": []}))
-        _stop_hook(train_with_slo, flow_run, Cancelled())
+            "plan": {"g3.8xlarge": 2, "p3.2xlarge": 1}, "replans": 1, "revocations": 1, "shortfalls": [],
+            "instances": ["i-0", "i-1", "i-2", "i-3"],
+            "timeline": [{"t_s": 0.0, "kind": "plan", "plan": {"g3.8xlarge": 2}},
+                         {"t_s": 6.2, "kind": "revocation", "instance_id": "i-2", "kind_of": "revocation_notice"}]}))
+        client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+        _stop_hook(train_with_slo, client.read_flow_run(flow_run.id), Crashed(message="aborted by a termination signal"))
+        _stop_hook(train_with_slo, client.read_flow_run(flow_run.id), Cancelling())
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
-    assert [a.key for a in artifacts] == [f"{run_id_of(flow_run.id)}-report"]
+        final = client.read_flow_run(flow_run.id).state
+    assert [a.key for a in artifacts] == ["train-with-slo-report"]
+    assert (final.type.value, final.name) == ("CANCELLED", "Cancelled")
     report = artifacts[0].data
-    assert "Run cancelled after 12.5 s of training: loss 1.9300" in report
+    assert "Run cancelled after 12.5 s of training: loss 1.9300" in report and "4 instance(s) ended at the stop" in report
     assert "plan in effect: 2 x g3.8xlarge + 1 x p3.2xlarge" in report and "re-plans: 1" in report
+    assert "| 6.2 | revocation |" in report
     assert report == (run_dir / "report.md").read_text()
+    assert json.loads((run_dir / "summary.json").read_text())["state"] == "Cancelled"
 
 
 def test_profiling_on_a_market_short_of_a_type_says_so_and_leaves_nothing(tmp_path):

@@ -7,9 +7,9 @@ from tasks.pipeline.alternatives import plan_alternatives
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.session import capped_quotas
 from tasks.pipeline.setup import resolve_setup
-from tasks.pipeline.watch import CostMeter, DriftDetector, loss_progress
+from tasks.pipeline.watch import CostMeter, DriftDetector, DriftHold, loss_progress
 from tasks.planner import PlanRequest
-from tests.helpers import LOCAL_QUICK_PROFILE, SHIPPED_PROFILE
+from tests.helpers import LOCAL_QUICK_PROFILE, SHIPPED_PROFILE, observation
 
 GOOD = {"slo": {"target_loss": 1.2, "deadline_s": 60}, "candidates": {"types": ["p3.2xlarge"]}}
 
@@ -140,9 +140,6 @@ def test_refit_for_drift_slows_the_model_by_the_observed_ratio(tmp_path):
         [2 * i.compute_time_s for i in profile.instances])
     after = session.solve_or_fastest(session.plan_request(3000))
     assert after.predicted_cost_usd > before.predicted_cost_usd
-    slowed = session.profile
-    session.refit_for_drift(0.0)  # no update in the window: nothing to refit to, no division by zero
-    assert session.profile == slowed
 
 
 def test_progress_drift_is_judged_on_the_loss_curve():
@@ -163,38 +160,93 @@ def test_progress_drift_is_judged_on_the_loss_curve():
     assert next(f for f in flags if f is not None) == pytest.approx(0.5)
 
 
-def _poll(**patch):
-    from tasks.pipeline.session import Observation
-
-    base = dict(t_s=10.0, loss=2.0, updates=100, samples=1000, workers={"p3.2xlarge": 2}, spent_usd=0.0,
-                ps_spent_usd=0.0, loss_fraction=0.1, time_fraction=0.1)
-    return Observation(**(base | patch))
-
-
 def test_controller_decides_done_revocation_and_drift_once():
     from tasks.pipeline.controller import Action, decide
     from tasks.providers.base import ProviderEvent
 
-    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, asked=None, plan_empty=False)
-    assert decide(_poll(), **args) == []
-    assert decide(_poll(loss=1.4), **args) == [Action("done", "target")]
-    assert decide(_poll(t_s=61.0), **args) == [Action("done", "deadline")]
-    assert decide(_poll(stopped="max updates"), **args) == [Action("done", "stopped")]
-    assert decide(_poll(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
+    args = dict(target_loss=1.5, deadline_s=60.0, drift_action="inline", drift_ratio=None, drift=DriftHold(),
+                asked=None, plan_empty=False)
+    assert decide(observation(), **args) == []
+    assert decide(observation(loss=1.4), **args) == [Action("done", "target")]
+    assert decide(observation(t_s=61.0), **args) == [Action("done", "deadline")]
+    assert decide(observation(stopped="max updates"), **args) == [Action("done", "stopped")]
+    assert decide(observation(workers={}), **args | {"plan_empty": True}) == [Action("done", "no workers")]
     notice = ProviderEvent("revocation_notice", "i-1", 0.0, 2.0)
-    assert decide(_poll(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
+    assert decide(observation(events=[notice]), **args) == [Action("replan", "revocation", ("i-1",))]
     # the instance taken at the end of its notice was re-planned around already; one taken without one was not
     taken = ProviderEvent("revoked", "i-1", 2.0)
-    assert decide(_poll(events=[taken]), **args | {"known_leaving": frozenset({"i-1"})}) == []
-    assert decide(_poll(events=[taken]), **args) == [Action("replan", "revocation", ("i-1",))]
+    assert decide(observation(events=[taken]), **args | {"known_leaving": frozenset({"i-1"})}) == []
+    assert decide(observation(events=[taken]), **args) == [Action("replan", "revocation", ("i-1",))]
     # inline drift: refit then one re-plan (merged with a revocation's); a request from the automation is ignored
-    assert decide(_poll(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"speed_ratio": 0.5}}) == [
+    assert decide(observation(events=[notice]), **args | {"drift_ratio": 0.5, "asked": {"plan": 0}}) == [
         Action("refit", "drift", speed_ratio=0.5), Action("replan", "revocation+drift", ("i-1",))]
-    # automation: the run announces drift and acts only on the automation's request, once
+    # automation: the run announces drift once for the plan, and acts only on a request naming
+    # that plan, refitting to its newest observation
     auto = args | {"drift_action": "automation"}
-    assert decide(_poll(), **auto | {"drift_ratio": 0.5}) == [Action("announce-drift", "drift", speed_ratio=0.5)]
-    assert decide(_poll(), **auto | {"asked": {"speed_ratio": 0.6}}) == [
+    assert decide(observation(), **auto | {"drift_ratio": 0.5}) == [Action("announce-drift", "drift", speed_ratio=0.5)]
+    held = DriftHold(plan=2, announced=True, newest_ratio=0.6)
+    assert decide(observation(), **auto | {"drift_ratio": 0.4, "drift": held}) == []
+    assert decide(observation(), **auto | {"drift": held, "asked": {"plan": 2}}) == [
         Action("refit", "requested", speed_ratio=0.6), Action("replan", "requested")]
+    assert decide(observation(), **auto | {"drift": held, "asked": {"plan": 1}}) == []  # stale: plan 1 was re-planned
+    assert decide(observation(), **auto | {"drift": held, "asked": {"reason": "drift"}}) == []  # names no plan
+
+
+@pytest.mark.parametrize("ratio", [0.0, -1.54e21, 1.5, float("nan")])
+def test_a_ratio_outside_0_1_is_never_refit_to(ratio, tmp_path):
+    """The flood's payloads (0.0, -1.5e21) gave no speed to refit to: the re-plan acts alone."""
+    from tasks.pipeline.controller import Action, decide
+    from tasks.pipeline.session import TrainingSession
+
+    args = dict(target_loss=1.5, deadline_s=60.0, asked=None, plan_empty=False)
+    assert decide(observation(), **args, drift_action="inline", drift_ratio=ratio, drift=DriftHold()) == [
+        Action("replan", "drift")]
+    held = DriftHold(announced=True, newest_ratio=ratio)
+    assert decide(observation(), **args | {"asked": {"plan": 0}}, drift_action="automation", drift_ratio=None,
+                  drift=held) == [Action("replan", "requested")]
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path / "run-x")
+    with pytest.raises(ValueError, match="speed ratio in \\(0, 1\\]"):
+        session.refit_for_drift(ratio)
+    assert session.profile == profile
+
+
+def test_automation_drift_at_an_aggressive_threshold_replans_once_per_episode():
+    """The flood case (threshold 0.05, window 3 s, a poll every 0.5 s) with an automation that
+    answers every announcement late and twice over, plus a stray request for an old plan: one
+    announcement and one re-plan per drift episode, each refit to a ratio in (0, 1]."""
+    from tasks.pipeline.controller import decide
+
+    predicted_per_s, poll_s = 10.0, 0.5
+    speed = lambda t: 4.0 if t < 40 else 2.0  # noqa: E731 - slow from the start, slower again at 40 s
+    detector, hold, replans = DriftDetector(threshold=0.05, window_s=3.0), DriftHold(), []
+    announced, inbox, updates = [], [], 0.0
+    for step in range(int(80 / poll_s)):
+        t = step * poll_s
+        updates += speed(t) * poll_s
+        ratio = detector.observe(t, int(updates), predicted_per_s)
+        hold.saw(ratio)
+        due = next((item for item in inbox if item[0] <= t), None)  # the run takes one request a poll
+        if due:
+            inbox.remove(due)
+        actions = decide(observation(t_s=t), target_loss=1.5, deadline_s=100.0, drift_action="automation",
+                         drift_ratio=ratio, drift=hold, asked=due and due[1], plan_empty=False)
+        for action in actions:
+            if action.kind == "announce-drift":
+                plan = hold.announce()
+                announced.append((t, plan))
+                # the automation: the request 3 s later, a duplicate, and one for the plan before
+                inbox += [(t + 3.0, {"plan": plan}), (t + 3.5, {"plan": plan}), (t + 4.0, {"plan": plan - 1})]
+            elif action.kind == "refit":
+                assert 0 < action.speed_ratio <= 1
+            elif action.kind == "replan":
+                replans.append(t)
+                detector.reset()
+                hold = DriftHold(plan=len(replans))
+                predicted_per_s = speed(t)  # the refit model predicts what is observed
+    assert [plan for _, plan in announced] == [0, 1] and len(replans) == 2
+    assert announced[0][0] < replans[0] < 40 <= announced[1][0] < replans[1] < 50
 
 
 @pytest.mark.integration  # importing Prefect's schedules runs `file` (platform.architecture)
@@ -209,11 +261,19 @@ def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     assert list(served) == [d["name"] for d in spec["deployments"]]
     for d in spec["deployments"]:
         assert served[d["name"]].parameters == (d.get("parameters") or {})
-    for name in ("train-with-slo", "profile-workload"):
+    for name in ("train-with-slo", "nightly-retrain", "profile-workload"):
         assert TrainRequest.model_validate(served[name].parameters["request"]) == demo_request()
     assert [s.schedule.cron for s in served["catalog-refresh"].schedules] == ["0 */6 * * *"]
+    # the nightly retrain ships with its schedule off; every deployment is tagged and has job variables
+    assert [(s.schedule.cron, s.active) for s in served["nightly-retrain"].schedules] == [("0 2 * * *", False)]
+    assert served["nightly-retrain"].concurrency_limit == served["catalog-refresh"].concurrency_limit == 1
+    assert served["train-with-slo"].concurrency_limit == 4
+    assert all("spotfill" in d.tags and d.job_variables for d in served.values())
     trigger = served["replan-on-drift"].triggers[0]
     assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
+    # de-duplicated per run, and one re-plan run at a time
+    assert trigger.for_each == {"prefect.resource.id"} and trigger.threshold == 1 and trigger.within.total_seconds() >= 30
+    assert served["replan-on-drift"].concurrency_limit == 1
 
 
 def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
@@ -320,3 +380,30 @@ def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tm
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
     assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_one_field_of_the_request_is_overridden_alone_the_way_prefect_merges_parameters():
+    """The server merges a run's parameters over the deployment's one top-level name at a time
+    (dict.update): `--params '{"request": {"slo": {"deadline_s": 300}}}'` replaces `request`
+    whole, so what it leaves out must take the model's defaults. The form's schema requires no
+    field inside the request (the deployment gives `request` itself), and titles them as people
+    read them."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.train_with_slo import train_with_slo
+    from tasks.cli.run import demo_request
+
+    deployment = {"request": demo_request().model_dump(mode="json")}
+    merged = dict(deployment)
+    merged.update({"request": {"slo": {"deadline_s": 300}}})
+    request = train_with_slo.validate_parameters(merged)["request"]
+    assert request.slo.deadline_s == 300 and request.slo.target_loss == demo_request().slo.target_loss
+    assert request.candidates.types == demo_request().candidates.types and request.workload == "transformer-lm"
+    schema = parameter_schema(train_with_slo).model_dump_for_openapi()
+    models = schema["definitions"]
+    assert not any(m.get("required") for m in models.values())
+    assert models["SLO"]["properties"]["deadline_s"]["title"] == "Deadline (s)"
+    assert models["SLO"]["properties"]["deadline_s"]["default"] == 60.0
+    seconds = {(name, field): p.get("title") for name, m in models.items()
+               for field, p in m.get("properties", {}).items() if field.endswith("_s") and not field.endswith("_per_s")}
+    assert len(seconds) >= 7 and all(title.endswith("(s)") for title in seconds.values()), seconds

@@ -11,7 +11,7 @@ import pytest
 from tasks.core.capacity import load_capacity
 from tasks.providers.capacity_replay import drought
 from tasks.providers.local import LocalProvider
-from tests.providers.test_local_provider import SLEEPER
+from tests.helpers import sleeper_startup
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +33,15 @@ def _wait(predicate, timeout_s=120.0):
 def test_a_drought_from_the_first_notice_refuses_spot_and_not_on_demand(provider):
     thread = provider.replay_capacity("r", "p3.2xlarge", drought("p3.2xlarge", 3600.0), 1.0, 5.0,
                                       from_first_notice=True)
-    first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=SLEEPER)
+    first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=sleeper_startup())
     assert len(first.instances) == 2 and not first.refused  # no drought before the first notice
     provider.inject_revocation("r", first.instances[0].instance_id, 60.0)
     _wait(lambda: provider.capacity.get("p3.2xlarge") == 0)
     # the survivor is beyond a capacity of 0: it gets a notice too
     _wait(lambda: all(i.state == "notice" for i in provider.describe("r")))
-    spot = provider.launch("r", "p1", "p3.2xlarge", 1, startup=SLEEPER)
+    spot = provider.launch("r", "p1", "p3.2xlarge", 1, startup=sleeper_startup())
     assert spot.instances == [] and spot.refused["p3.2xlarge"].kind == "capacity"
-    on_demand = provider.launch("r", "p1-od", "p3.2xlarge", 1, market="on-demand", startup=SLEEPER)
+    on_demand = provider.launch("r", "p1-od", "p3.2xlarge", 1, market="on-demand", startup=sleeper_startup())
     assert [i.market for i in on_demand.instances] == ["on-demand"] and not on_demand.refused
     provider.kill_all_started()
     thread.join(timeout=60)
@@ -52,8 +52,8 @@ def test_a_drop_revokes_the_excess_spot_instances_and_the_capacity_returns(provi
     path = tmp_path / "g3.json"
     path.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [3, 1, 0]}))
     provider.capacity["g3.8xlarge"] = 5
-    spot = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER).instances
-    on_demand = provider.launch("r", "p0-od", "g3.8xlarge", 2, market="on-demand", startup=SLEEPER).instances
+    spot = provider.launch("r", "p0", "g3.8xlarge", 3, startup=sleeper_startup()).instances
+    on_demand = provider.launch("r", "p0-od", "g3.8xlarge", 2, market="on-demand", startup=sleeper_startup()).instances
     provider.replay_capacity("r", "g3.8xlarge", load_capacity(path), time_scale=6000.0, notice_s=30.0).join(timeout=60)
     notices = [e.instance_id for e in provider.poll_events("r") if e.kind == "revocation_notice"]
     assert sorted(notices) == sorted(i.instance_id for i in spot)  # 3 -> 1 -> 0: two, then the last

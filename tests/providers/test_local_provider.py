@@ -15,9 +15,9 @@ import pytest
 from tasks.core.errors import UserInputError
 from tasks.providers.base import Startup
 from tasks.providers.local import LocalProvider, _proc_start_ticks, default_types
-from tests.helpers import REPO
+from tests.helpers import REPO, sleeper_startup
 
-SLEEPER = Startup(("python", "-c", "import time; time.sleep(120)"))
+SLEEPER = sleeper_startup()
 GROUP = Startup(("bash", "-c", "sleep 120 & sleep 120 & wait"))
 TRACE = REPO / "profiles" / "traces" / "bamboo_aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv"
 

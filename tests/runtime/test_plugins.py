@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from tasks.core.errors import UserInputError
-from tasks.runtime.workloads import Workload, check_workload
+from tasks.runtime.workloads import Workload, build_workload, check_workload
 from tests.helpers import REPO
 
 PLUGINS = ["regression", "classifier", "recurrent", "adam_cnn"]
@@ -119,3 +120,34 @@ def test_training_whose_workers_all_exit_ends_at_once_with_exit_1_and_the_worker
     assert status == 1 and json.loads(out)["stopped"] == "workers_gone"
     (line,) = [line for line in err.splitlines() if line.startswith("spotfill: ")]
     assert "every worker exited" in line and "batches ran out after 2 steps" in line
+
+
+def test_plugins_built_in_threads_at_once_leave_the_process_streams_as_they_were(capsys):
+    """Two profiling tasks build their plug-ins in Prefect's thread pool: one enters the plug-in's
+    code, the other enters while it is inside, the first leaves, then the second. What each
+    prints goes to stderr, and sys.stdout (where `--json` writes) is the same stream after."""
+    from tests.plugins.waits import EVENTS
+
+    stdout, stderr = sys.stdout, sys.stderr
+    spec = "tests.plugins.waits:build"
+    errors = []
+
+    def build(**options):
+        try:
+            build_workload(spec, options)
+        except BaseException as err:  # noqa: BLE001 - reported by the test below
+            errors.append(err)
+
+    first = threading.Thread(target=build, kwargs={"name": "first", "set_on_entry": "first-in", "wait_for": "second-in"})
+    second = threading.Thread(target=build, kwargs={"name": "second", "set_on_entry": "second-in", "wait_for": "first-out"})
+    first.start()
+    assert EVENTS["first-in"].wait(60)
+    second.start()
+    first.join(60)
+    EVENTS["first-out"].set()
+    second.join(60)
+    assert not errors and not first.is_alive() and not second.is_alive()
+    assert sys.stdout is stdout and sys.stderr is stderr
+    print("after")
+    out, err = capsys.readouterr()
+    assert out == "after\n" and "first building" in err and "second building" in err
