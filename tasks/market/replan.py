@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tasks.core.errors import InfeasibleError
 from tasks.planner import PlanRequest, PlanResult, build_problem, fastest_plan, solve
-from tasks.planner.on_demand import is_on_demand
+from tasks.planner.on_demand import is_on_demand, on_demand_name
 from tasks.planner.problem import COST_TIE_REL, make_result
 from tasks.planner.solvers import get_solver
 
@@ -58,8 +58,8 @@ def deadline_safe(request: PlanRequest, reserve_s: float) -> Replanned:
     survivors is taken while it meets the deadline and the run is safe: were it hit now, the
     fastest mix of spot and on-demand workers could still finish after one more re-plan's
     overhead (`reserve_s`); the model's interval is the request's `confidence`. Otherwise the
-    cheapest mix that meets the deadline with the reserve to spare, else without it, else the
-    fastest mix. Running on-demand workers are not held: a plan with fewer of them releases the
+    workers running now, as they are, if they finish in time without help; else the cheapest mix
+    that meets the deadline with the reserve to spare, else without it, else the fastest mix. Running on-demand workers are not held: a plan with fewer of them releases the
     rest, which is how a run goes back to spot once capacity returns and the slack allows."""
     answers: dict[int, Replanned] = {}
 
@@ -89,6 +89,13 @@ def deadline_safe_choice(request: PlanRequest, reserve_s: float, answer: Callabl
         if meets and (time_s + request.overhead_s + reserve_s <= request.deadline_s
                       or fastest_s(mixed) + reserve_s <= request.deadline_s):
             return spot_only
+    # the workers running now, as they are: no start overhead (the planner charges one to every
+    # plan, which near the end hides that the survivors alone still finish in time)
+    spot_held = {t: spot_survivors.get(t, 0) for t in spot_types}
+    on_demand_held = {t: request.existing.get(on_demand_name(t), 0) for t in spot_types}
+    as_they_are = dataclasses.replace(request, quota=spot_held, on_demand_quota=on_demand_held, overhead_s=0.0)
+    if any(request.existing.values()) and can_provision(as_they_are) and answer(as_they_are)[0]:
+        return as_they_are
     reserved = dataclasses.replace(mixed, deadline_s=request.deadline_s - reserve_s)
     if reserved.deadline_s > reserved.overhead_s and can_provision(reserved) and answer(reserved)[0]:
         return reserved
