@@ -67,6 +67,7 @@ class Policy:
     target_probability: float = RISK_LEVEL
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     on_demand_quota: dict[str, int] = field(default_factory=dict)  # on-demand offers it may use
+    replacement_wait_s: dict[str, float] = field(default_factory=dict)  # risk-aware: waits for capacity
     memo: ReplanMemo = field(default_factory=ReplanMemo, compare=False, repr=False)
 
     def request(self, profile: Profile, loss_target: float, deadline_s: float, s: Situation) -> PlanRequest:
@@ -77,7 +78,8 @@ class Policy:
                            overhead_s=s.overhead_s if s.current_loss is not None else 0.0,
                            current_loss=s.current_loss, solver=self.solver, on_demand=self.on_demand,
                            target_probability=self.target_probability, hazards_per_h=self.hazards_per_h,
-                           recovery_s=s.overhead_s, on_demand_quota=self.on_demand_quota)
+                           recovery_s=s.overhead_s, on_demand_quota=self.on_demand_quota,
+                           replacement_wait_s=self.replacement_wait_s)
 
     def plan(self, profile: Profile, loss_target: float, s: Situation) -> dict[str, int]:
         """The shared re-plan policy (replan.py), through this policy's memo; nothing to run when
@@ -234,9 +236,11 @@ def cheapest_single_type(profile: Profile, loss_target: float, deadline_s: float
 
 
 def standard_policies(profile: Profile, loss_target: float, deadline_s: float, level: float,
-                      hazards_per_h: dict[str, float], on_demand_quota: dict[str, int] | None = None) -> list[Policy]:
+                      hazards_per_h: dict[str, float], on_demand_quota: dict[str, int] | None = None,
+                      replacement_wait_s: dict[str, float] | None = None) -> list[Policy]:
     """The seven policies of the comparison, in report order; with on-demand quotas, also the
-    three that mix in on-demand workers: greedy, uniform-progress and spotfill's deadline-safe."""
+    three that mix in on-demand workers: greedy, uniform-progress and spotfill's deadline-safe.
+    `replacement_wait_s`: what the risk-aware planner expects a refused replacement to wait."""
     usable = usable_types(profile)
     speed = {t: v for t, v in per_gpu_speed(profile).items() if t in usable}
     fast, slow = max(speed, key=speed.get), min(speed, key=speed.get)
@@ -248,7 +252,8 @@ def standard_policies(profile: Profile, loss_target: float, deadline_s: float, l
         Policy("homogeneous-slow", types=(slow,)),
         Policy("on-demand", on_demand=True),
         Policy("restart-single", types=(single,), restart_on_preemption=True),
-        Policy("risk-aware", solver="risk", target_probability=level, hazards_per_h=hazards_per_h),
+        Policy("risk-aware", solver="risk", target_probability=level, hazards_per_h=hazards_per_h,
+               replacement_wait_s=replacement_wait_s or {}),
     ] + ([] if not any((on_demand_quota or {}).values()) else [
         GreedyPolicy("greedy", on_demand_quota=on_demand_quota),
         UniformProgressPolicy("uniform-progress", on_demand_quota=on_demand_quota),

@@ -98,7 +98,7 @@ class Market:
             events.append(None if not traces else cls._unroll(traces[rng.integers(len(traces))], horizon_s, rng))
         hazard_per_s = np.array([hazards[n].hazard_per_h / 3600.0 if n in hazards else 0.0 for n in names])
         capacity = capacity or {}
-        steps = [_summed(capacity[n], horizon_s, rng) if n in capacity else None for n in names]
+        steps = [summed_capacity(capacity[n], horizon_s, rng) if n in capacity else None for n in names]
         return cls(prices, hazard_per_s, events, seed, steps)
 
     @staticmethod
@@ -134,10 +134,11 @@ class Market:
         return np.where(hit.any(axis=1), times[first], np.inf)
 
 
-def _summed(records: list, horizon_s: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def summed_capacity(records: list, horizon_s: float, rng=None) -> tuple[np.ndarray, np.ndarray]:
     """One type's capacity over [0, horizon]: the sum of its zones' records, each from a random
-    offset (a record given as fixed steps is taken as it is)."""
-    windows = [r if isinstance(r, tuple) else r.window(rng.uniform(0.0, r.duration_s), horizon_s) for r in records]
+    offset (rng None: from its start; a record given as fixed steps is taken as it is)."""
+    windows = [r if isinstance(r, tuple) else r.window(rng.uniform(0.0, r.duration_s) if rng else 0.0, horizon_s)
+               for r in records]
     times = np.unique(np.concatenate([w[0] for w in windows]))
     counts = sum(w[1][np.searchsorted(w[0], times, side="right") - 1] for w in windows)
     return times, np.asarray(counts, dtype=float)

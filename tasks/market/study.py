@@ -21,7 +21,7 @@ from tasks.market.hazards import catalog_bands, type_hazards
 from tasks.market.offline import OfflineBound
 from tasks.market.policies import Policy, standard_policies
 from tasks.market.prices import zone_prices_usd_per_h
-from tasks.market.replay import ClusterClock, Market, Outcome, ReplayConfig, initial_situation, replay
+from tasks.market.replay import ClusterClock, Market, Outcome, ReplayConfig, initial_situation, replay, summed_capacity
 from tasks.planner import PlanRequest, solve
 from tasks.planner.on_demand import on_demand_quotas, with_on_demand
 
@@ -66,6 +66,20 @@ def capacity_records(study: Study, profile: Profile) -> dict[str, list]:
     start_s, end_s = study.drought_s
     steps = (np.array([0.0, start_s, end_s]), np.array([np.inf, 0.0, np.inf]))
     return {i.type: [steps] for i in profile.instances}
+
+
+def replacement_waits_s(capacity: dict[str, list], horizon_s: float) -> dict[str, float]:
+    """Per type, how much longer a revoked instance stays out on average because the market has
+    no capacity for its replacement: a moment picked at random falls in a stretch without capacity
+    with probability sum(L) / horizon and then waits on average L / 2 for it to end, so
+    sum(L^2 / 2) / horizon over the stretches L of the records (zones summed, from their start)."""
+    waits = {}
+    for name, records in capacity.items():
+        longest = max([horizon_s, *(getattr(r, "duration_s", 0.0) for r in records)])
+        times, counts = summed_capacity(records, longest)
+        lengths = np.diff(np.r_[times, longest])[counts <= 0]
+        waits[name] = float((lengths ** 2).sum() / 2.0 / longest)
+    return waits
 
 
 def offline_stretches(market: Market, spot: list[int], quota: np.ndarray, deadline_s: float) -> list[tuple[float, np.ndarray]]:
@@ -125,11 +139,12 @@ def run_study(study: Study) -> dict:
     replayed = {n: dataclasses.replace(h, traces=()) for n, h in hazards.items()} if study.synthetic else hazards
     od_quota = study_on_demand_quota(profile, study.on_demand_quota)
     model = Model.from_profile(with_on_demand(profile, od_quota))  # spot types and their on-demand twins
+    capacity = capacity_records(study, profile)
+    waits = replacement_waits_s(capacity, study.deadline_s)
     policies = standard_policies(profile, study.loss_target, study.deadline_s, study.level,
-                                 {n: h.hazard_per_h for n, h in hazards.items() if h.hazard_per_h > 0}, od_quota)
+                                 {n: h.hazard_per_h for n, h in hazards.items() if h.hazard_per_h > 0}, od_quota, waits)
     cfg = ReplayConfig(study.loss_target, study.deadline_s, study.overhead_s)
     zone_prices = zone_prices_usd_per_h(study.region)
-    capacity = capacity_records(study, profile)
     first_plans = {p.name: p.plan(profile, study.loss_target, initial_situation(cfg)) for p in policies}
     clock = ClusterClock(model, study.loss_target)
     outcomes: dict[str, list[Outcome]] = {p.name: [] for p in policies}
@@ -182,6 +197,7 @@ def run_study(study: Study) -> dict:
         "on_demand_quota": od_quota,
         "capacity": {t: [getattr(r, "name", "drought") for r in rs] for t, rs in capacity.items()},
         "drought_s": list(study.drought_s) if study.drought_s else None,
+        "replacement_wait_s": waits,
         "initial_plans": first_plans,
         "risk_estimate": risk_estimate(profile, study, next(p for p in policies if p.solver == "risk"), cfg),
         "hazards_per_h": {n: {"rate": h.hazard_per_h, "source": h.source, "traces": [t.name for t in h.traces]}

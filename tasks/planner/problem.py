@@ -44,6 +44,10 @@ class PlanRequest:
     target_probability: float = RISK_LEVEL
     hazards_per_h: dict[str, float] = field(default_factory=dict)
     recovery_s: float = 120.0
+    # ... and, per type, how much longer on average a revoked instance stays out because the
+    # market refuses its replacement (no spot capacity): P(refused) x the mean wait for capacity
+    # to return (market/study.py derives it from capacity records). Types left out: 0.
+    replacement_wait_s: dict[str, float] = field(default_factory=dict)
     # Plan over offers (type, region) in these regions ("all": every one the catalog prices)
     # instead of the profile's types at its prices (offers.py); quota and existing may then
     # name offers (TYPE@REGION), and quota also types (every region).
@@ -193,6 +197,10 @@ def build_problem(req: PlanRequest) -> Problem:
         raise UserInputError(f"target probability must be in (0, 1), got {req.target_probability}")
     if not math.isfinite(req.recovery_s) or req.recovery_s < 0:
         raise UserInputError(f"recovery time must be zero or more seconds, got {req.recovery_s}")
+    for name, wait_s in req.replacement_wait_s.items():
+        profile.instance(name)
+        if not math.isfinite(wait_s) or wait_s < 0:
+            raise UserInputError(f"replacement wait for {name} must be zero or more seconds, got {wait_s}")
     for name, h in req.hazards_per_h.items():
         profile.instance(name)
         if not math.isfinite(h) or h < 0:

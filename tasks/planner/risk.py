@@ -10,8 +10,10 @@ vectorised Monte Carlo with a fixed seed (common random numbers for all candidat
   ones cannot make the deadline be missed); on-demand workers (`TYPE:on-demand`, on_demand.py)
   have no hazard (build_problem refuses one), so they are never revoked;
 - a revocation while training runs removes one instance of its type for `recovery_s` (its
-  replacement's start and join), delaying completion by recovery_s * (1 - T(C) / T(C - e_m)),
-  where T is the model's predicted time; a revocation after completion does not count;
+  replacement's start and join) plus the type's `replacement_wait_s` (the mean wait when the
+  market refuses the replacement for want of capacity, times how often it does), delaying
+  completion by that outage * (1 - T(C) / T(C - e_m)), where T is the model's predicted time;
+  a revocation after completion does not count;
 - the replacement, of the revoked worker's spot type at its price, is paid from its launch, the
   cluster for the whole (delayed) run;
 - re-planning: when a revocation first pushes the projected finish F past the deadline, the
@@ -132,12 +134,14 @@ _DRAWS_MARGIN = 1.25
 def _draws(problem: Problem, counts: np.ndarray, hazard_per_s: np.ndarray, window_s: float, samples: int,
            seed: int) -> _Draws:
     """A plan's draws over at least window_s, remembered per plan and what its delays depend on.
-    A revocation of type j delays the run by recovery_s * (1 - T(C) / T(C - e_j)): mid-training
+    A revocation of type j delays the run by its outage (recovery_s plus the type's
+    replacement_wait_s) * (1 - T(C) / T(C - e_j)): mid-training
     every time is proportional to the remaining progress (docs/model.md, re-planning), so the
     ratio is taken at a fixed reference loss (the target + 1), the same for every re-plan."""
     req, model = problem.request, problem.model
     start = req.current_loss is None
-    key = (id(model.profile), model.bandwidth_margin, model.on_demand, req.loss_target, start, req.recovery_s,
+    outage_s = req.recovery_s + np.array([req.replacement_wait_s.get(n, 0.0) for n in model.types.names])
+    key = (id(model.profile), model.bandwidth_margin, model.on_demand, req.loss_target, start, outage_s.tobytes(),
            counts.tobytes(), hazard_per_s.tobytes(), samples, seed)
     known = _DRAWS.get(key)
     if known is not None and known[1].window_s >= window_s:
@@ -148,8 +152,8 @@ def _draws(problem: Problem, counts: np.ndarray, hazard_per_s: np.ndarray, windo
     rows[1:] -= np.eye(m, dtype=np.int64) * (counts > 0)
     time_s = model.evaluate(rows, req.loss_target, None if start else req.loss_target + 1.0)["time_s"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        delay_s = req.recovery_s * (1.0 - time_s[0] / time_s[1:])
-    delay_s = np.where(counts > 0, np.nan_to_num(delay_s, nan=req.recovery_s), 0.0)
+        delay_s = outage_s * (1.0 - time_s[0] / time_s[1:])
+    delay_s = np.where(counts > 0, np.where(np.isnan(delay_s), outage_s, delay_s), 0.0)
     window_s *= _DRAWS_MARGIN  # later re-plans of the plan, with more time left, need no new draws
     times_a, kinds = _merged(counts * hazard_per_s, window_s, samples, seed)
     draws = _Draws.of(window_s, times_a, kinds, delay_s, model.prices_usd_per_h)

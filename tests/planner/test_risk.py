@@ -60,6 +60,21 @@ def test_assess_is_exact_without_hazards_and_lower_with_them():
     assert again == stormy  # fixed seed: the same answer every time
 
 
+def test_a_replacement_the_market_refuses_counts_as_a_longer_outage():
+    counts = np.array([2, 0, 5, 4, 0])
+    hazards = {t: 0.5 for t in STORMY}
+    plain = build_problem(PlanRequest(PROFILE, 0.8, 2100.0, solver="risk", hazards_per_h=hazards))
+    dry = build_problem(PlanRequest(PROFILE, 0.8, 2100.0, solver="risk", hazards_per_h=hazards,
+                                    replacement_wait_s={t: 600.0 for t in STORMY}))
+    wet, parched = assess(plain, counts, fastest_only(plain)), assess(dry, counts, fastest_only(dry))
+    assert parched.meet_probability < wet.meet_probability
+    none_waits = build_problem(PlanRequest(PROFILE, 0.8, 2100.0, solver="risk", hazards_per_h=hazards,
+                                           replacement_wait_s={"p3.2xlarge": 0.0}))
+    assert assess(none_waits, counts, fastest_only(none_waits)) == wet
+    with pytest.raises(UserInputError, match="replacement wait for p3.2xlarge must be zero or more seconds"):
+        build_problem(PlanRequest(PROFILE, 0.8, 2100.0, replacement_wait_s={"p3.2xlarge": -1.0}))
+
+
 def test_unreachable_level_returns_the_likeliest_plan_with_a_message():
     req = PlanRequest(PROFILE, 0.8, 1990.0, solver="risk", target_probability=0.999,
                       hazards_per_h={k: 50.0 for k in STORMY})
