@@ -16,6 +16,7 @@ time-share, so the programme has a few hundred columns per stretch, not every co
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -44,6 +45,8 @@ class OfflineBound:
         self.counts, self.per_unit_s = counts[finite], per_unit[finite]
         self.units = 1.0
         self.on_demand_usd_per_h = on_demand_usd_per_h
+        # stretches of one draw, and draws of the same zone prices, share fronts
+        self._front = functools.lru_cache(maxsize=4096)(functools.partial(_front_of, self))
 
     def cost_usd(self, spot_usd_per_h: np.ndarray, stretches: list[tuple[float, np.ndarray]],
                  deadline_s: float) -> float:
@@ -51,14 +54,10 @@ class OfflineBound:
         covering [0, deadline]; nan when no cluster can finish by the deadline."""
         cols_time, cols_cost, rows = [], [], []
         for r, (length_s, spot_cap) in enumerate(stretches):
-            spot = np.minimum(self.counts, spot_cap)
-            ok = np.all(self.counts - spot <= self.on_demand_cap, axis=1)
-            rate = spot @ spot_usd_per_h + (self.counts - spot) @ self.on_demand_usd_per_h
-            t, k = self.per_unit_s[ok], (rate[ok] / 3600.0) * self.per_unit_s[ok]
-            for ti, ki in zip(*_pareto(t, k)):
-                cols_time.append(ti)
-                cols_cost.append(ki)
-                rows.append(r)
+            front = self._front(tuple(np.asarray(spot_cap, dtype=float).tolist()), tuple(spot_usd_per_h.tolist()))
+            cols_time += front[0]
+            cols_cost += front[1]
+            rows += [r] * len(front[0])
         if not cols_time:
             return math.nan
         rows_arr = np.array(rows)
@@ -68,6 +67,15 @@ class OfflineBound:
         b_ub = np.array([length for length, _ in stretches] + [-self.units])
         res = linprog(np.array(cols_cost), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
         return float(res.fun) if res.status == 0 else math.nan
+
+
+def _front_of(bound: "OfflineBound", spot_cap: tuple, spot_usd_per_h: tuple) -> tuple[list[float], list[float]]:
+    """The Pareto front of (time, cost) per share of the job of every cluster under this capacity
+    and these prices."""
+    spot = np.minimum(bound.counts, np.array(spot_cap))
+    ok = np.all(bound.counts - spot <= bound.on_demand_cap, axis=1)
+    rate = spot @ np.array(spot_usd_per_h) + (bound.counts - spot) @ bound.on_demand_usd_per_h
+    return _pareto(bound.per_unit_s[ok], (rate[ok] / 3600.0) * bound.per_unit_s[ok])
 
 
 def _pareto(t: np.ndarray, k: np.ndarray) -> tuple[list[float], list[float]]:
