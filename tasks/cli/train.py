@@ -106,7 +106,10 @@ def _train(args: argparse.Namespace) -> int:
 
         def done(progress) -> bool:
             bar.advance(max(0, progress.updates_total - bar.done), f"loss {progress.smoothed_loss or float('nan'):.3f}")
-            if time.monotonic() >= deadline_s:
+            failure = driver.ps_failure(run)
+            if failure:
+                ended["why"], ended["error"] = "ps_failed", failure
+            elif time.monotonic() >= deadline_s:
                 ended["why"] = "timeout"
             elif not any(i.role == "worker" for i in provider.describe(run_id)):
                 ended["why"] = "workers_gone"  # crashed or revoked: nobody is left to train
@@ -114,11 +117,15 @@ def _train(args: argparse.Namespace) -> int:
 
         driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
         bar.close()
+        failure = ended.get("error") or driver.ps_failure(run)  # it stopped as failed: wait_for saw that first
+        if failure:
+            ended["why"], ended["error"] = "ps_failed", failure
         final = driver.stop_run(run)  # by the STOP file, unless the PS has stopped by itself
     finally:
         provider.cleanup(run_id)
     # the PS's own reason (its workers may have left because of it), else why this command stopped it
-    stopped = final.stopped if final.stopped not in (None, "stop_file") else ended.get("why", final.stopped)
+    stopped = ("ps_failed" if "error" in ended
+               else final.stopped if final.stopped not in (None, "stop_file") else ended.get("why", final.stopped))
     result = {
         "run_id": run_id, "run_dir": str(run.run_dir), "stopped": stopped,
         "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
@@ -136,6 +143,10 @@ def _train(args: argparse.Namespace) -> int:
     if stopped == "diverged":
         sys.stderr.write(f"spotfill: the loss diverged (NaN or infinite after {final.updates_total} updates); "
                          "lower the learning rate or check the workload\n")
+        return 1
+    if stopped == "ps_failed":
+        sys.stderr.write(f"spotfill: the parameter server failed after {final.updates_total} updates; "
+                         f"{ended['error']}\n")
         return 1
     if stopped == "workers_gone":
         sys.stderr.write(f"spotfill: every worker exited after {final.updates_total} updates; "
