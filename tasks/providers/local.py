@@ -27,6 +27,7 @@ type's samples per second (gpus * batch_per_gpu / compute_time_s) over the faste
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import signal
@@ -313,7 +314,11 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             if self._settle(run_id, table):
-                self._save(run_id, table)
+                try:
+                    self._save(run_id, table)
+                except OSError as err:  # a full disk: the next look settles the same again, and the
+                    if err.errno not in (errno.ENOSPC, errno.EDQUOT):  # run's own error is the news
+                        raise
             return [self._instance(r) for r in table["instances"] if r["state"] != "terminated"]
 
     def poll_events(self, run_id: str) -> list[ProviderEvent]:
