@@ -9,6 +9,7 @@ from tasks.cli import args as cli_args
 from tasks.cli.args import counts, duration_s, positive_float, positive_int
 from tasks.cli.output import print_json, runtime_errors_in_one_line
 from tasks.core.errors import UserInputError
+from tasks.core.folder_lock import FolderLock
 from tasks.core.limits import env_limit
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
@@ -54,12 +55,22 @@ def max_local_workers() -> int:
     return env_limit("SPOTFILL_MAX_LOCAL_WORKERS", DEFAULT_MAX_LOCAL_WORKERS)
 
 
+def check_not_finished(run_id: str, latest: dict, max_updates: int | None, target_loss: float | None) -> None:
+    """A run resumed by its id past its own stop would train one update more and stop again:
+    say instead that it is finished, and how to train it on."""
+    updates, loss = latest["updates_total"], latest["smoothed_loss"]
+    if max_updates is not None and updates >= max_updates:
+        raise UserInputError(f"run {run_id} is finished: its newest checkpoint has {updates} updates, "
+                             f"--max-updates is {max_updates}; raise it to train on, or give another --run-id")
+    if target_loss is not None and loss is not None and loss <= target_loss:
+        raise UserInputError(f"run {run_id} is finished: its newest checkpoint's smoothed loss {loss:.4g} is at "
+                             f"--target-loss {target_loss:g}; lower it to train on, or give another --run-id")
+
+
 def _train(args: argparse.Namespace) -> int:
-    import sys
     import time
 
     from tasks.providers.local import LocalProvider
-    from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
     from tasks.runtime.workloads import check_workload, parse_options  # deferred: torch (start-up cost)
 
     # Every input is checked before the first process starts.
@@ -85,9 +96,25 @@ def _train(args: argparse.Namespace) -> int:
             raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
     check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
+    with FolderLock(provider.run_dir(run_id), f"run {run_id}"):  # one command per run
+        return _train_owned(args, provider, run_id, options)
+
+
+def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict) -> int:
+    """Resume or start the run and train it; the caller owns the run's folder."""
+    import sys
+    import time
+
+    from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
+
+    # What an earlier command on this run left running (it was killed outright: its processes
+    # outlive it for a moment) stops now, writing its checkpoint, before this one resumes from it.
+    provider.cleanup(run_id)
     # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
     # not a PS that dies at start-up (nor a silent fresh start).
-    checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
+    latest = checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
+    if latest is not None:
+        check_not_finished(run_id, latest, args.max_updates, args.target_loss)
     started_s = time.monotonic()
     run = driver.start_run(provider, run_id, args.workload, workload_options=options,
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,

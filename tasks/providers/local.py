@@ -214,8 +214,11 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             self._settle(run_id, table)
-            mine = [r for r in table["instances"] if (r["plan_id"], r["type"], r["role"]) == (plan_id, instance_type, role)]
-            if mine:  # a retry: what the first call started
+            # a retry: what the first call started and still runs (one that exited is no answer:
+            # a run resumed by its id starts its PS and workers again)
+            mine = [r for r in table["instances"] if (r["plan_id"], r["type"], r["role"]) == (plan_id, instance_type, role)
+                    and r["state"] != "terminated"]
+            if mine:
                 self._save(run_id, table)
                 return LaunchResult([self._instance(r) for r in mine])
             refused = {}
