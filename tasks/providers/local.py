@@ -185,6 +185,8 @@ class LocalProvider(Provider):
                 row["state"] = "terminated"
                 changed = True
             elif not self._alive(row):
+                if row["start_ticks"] is not None:  # what it started (a plug-in's helper) goes with it
+                    _kill_group(row["pid"], signal.SIGKILL)
                 self._reap(row["pid"])
                 row["state"] = "terminated"
                 changed = True
