@@ -139,6 +139,7 @@ class ParameterServer:
     def resume(self) -> bool:
         """Load the newest good checkpoint (sharded: the newest consistent cut every shard has),
         if any; True when resumed."""
+        checkpoint.remove_partial_writes(self.checkpoint_dir)  # a predecessor killed mid-write left them
         if self.sharded:
             state = self.epochs.load_common_cut()
         else:
