@@ -10,7 +10,7 @@ from tasks.cli.args import counts, duration_s, positive_float, positive_int
 from tasks.cli.output import print_json, runtime_errors_in_one_line
 from tasks.core.errors import UserInputError
 from tasks.core.folder_lock import FolderLock
-from tasks.core.limits import env_limit
+from tasks.core.limits import check_mbps, env_limit
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
-    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap (each shard's)")
+    p.add_argument("--ps-mbps", type=cli_args.mbps, default=None, help="emulated PS bandwidth cap (each shard's)")
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
     p.add_argument("--bandwidth-scale", type=positive_float, default=None,
                    help="shape each worker's traffic to its type's network bandwidth times this")
@@ -86,6 +86,10 @@ def _train(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
     if unknown:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
+    if args.bandwidth_scale is not None:  # each worker's link is its type's NIC times the scale
+        for name in args.workers:
+            check_mbps(f"{name}'s link (its NIC times --bandwidth-scale {args.bandwidth_scale:g})",
+                       provider.nic_mbps(name))
     options = parse_options(args.workload_opt)
     if args.trace:
         load_trace(args.trace)

@@ -247,7 +247,6 @@ class LocalProvider(Provider):
         (run_dir / "notices").mkdir(parents=True, exist_ok=True)
         notice_file = run_dir / "notices" / instance_id
         run_registry.remember(run_id, self.artifacts_dir)  # `spotfill cleanup` finds it from any folder
-        itype = self.types[instance_type]
         env = {
             **os.environ, **startup.env,
             "PYTHONPATH": child_pythonpath(),
@@ -258,8 +257,7 @@ class LocalProvider(Provider):
             "SPOTFILL_WATCH_PID": str(os.getpid()),
         }
         if self.bandwidth_scale is not None:
-            # the worker shapes in megabits/s; the type's NIC is in megabytes/s
-            env["SPOTFILL_NIC_MBPS"] = repr(8.0 * itype.network_mbytes_per_s * self.bandwidth_scale)
+            env["SPOTFILL_NIC_MBPS"] = repr(self.nic_mbps(instance_type))
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]
@@ -278,6 +276,11 @@ class LocalProvider(Provider):
         }
         table["instances"].append(row)
         return row
+
+    def nic_mbps(self, instance_type: str) -> float:
+        """The bandwidth an instance of the type is shaped to, megabits/s (its NIC's megabytes/s
+        times bandwidth_scale)."""
+        return 8.0 * self.types[instance_type].network_mbytes_per_s * (self.bandwidth_scale or 1.0)
 
     @staticmethod
     def _instance(row: dict) -> Instance:

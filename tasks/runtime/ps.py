@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--workload", required=True)
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
+    p.add_argument("--ps-mbps", type=arg_type(limits.mbps), default=None, help="emulated PS bandwidth cap")
     p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
     p.add_argument("--checkpoint-every-updates", type=positive_int, default=None)
     p.add_argument("--max-updates", type=positive_int, default=None)
