@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
     p.add_argument("--bandwidth-scale", type=positive_float, default=None,
                    help="shape each worker's traffic to its type's network bandwidth times this")
-    p.add_argument("--reference-compute-s", type=positive_float, default=None,
+    p.add_argument("--reference-compute-s", type=duration_s, default=None,
                    help="emulated compute time per iteration of a relative-speed-1 type")
     p.add_argument("--checkpoint-every-s", type=duration_s, default=30.0)
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,

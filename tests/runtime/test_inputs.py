@@ -25,6 +25,10 @@ from tasks.runtime import driver, ps, worker
     pytest.param(worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--device", "cuda:0"],
                  "--device cuda:0: torch sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--nic-mbps", "1e-300"],
+     "--nic-mbps: a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--reference-compute-s", "1e300"],
+     "--reference-compute-s: 1e300 s is more than ten years"),
     (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "nope"], "unknown workload 'nope'"),
     (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "resnet20", "--ps-mbps", "1e-300"],
      "--ps-mbps: a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
@@ -81,6 +85,8 @@ def _train_cli(argv):
      "a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
     (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--ps-mbps", "1e12"],
      "a bandwidth of 1e+12 Mbps is outside"),
+    (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--reference-compute-s", "1e300"],
+     "1e300 s is more than ten years"),
 ])
 def test_train_usage_errors_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
