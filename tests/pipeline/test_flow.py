@@ -61,7 +61,7 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
 @pytest.mark.parametrize("argv, env, message", [
     (["--types", "p3.2xlarge,p3.2xlarge"], {}, "candidate types repeat"),
     (["--types", "p3.2xlarge,g4dn.4xlarge"], {}, "have different NICs"),
-    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not JSON"),
+    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not valid JSON"),
     ([], {"SPOTFILL_FILL_CONFIG": '{"max_batch": "x"}'}, "fill config: max_batch"),
     (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
     (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
