@@ -197,17 +197,15 @@ def ps_failure(run: TrainingRun) -> str | None:
     """Why the PS failed, in one line, once a shard has: it stopped as failed (its error file), or
     exited without having stopped (killed, or a crash too sudden to say so). None while it runs
     or after a clean stop. Part of every stop decision: a dead PS trains nobody."""
-    shards = run.ps_instances or [run.ps_instance]
-    for shard, instance in enumerate(shards):
-        if (shard_dir(run.run_dir, shard) / ERROR_FILE).exists():
+    alive = {i.instance_id for i in run.provider.describe(run.run_id)}
+    for shard, instance in enumerate(run.ps_instances or [run.ps_instance]):
+        directory = shard_dir(run.run_dir, shard)
+        if (directory / ERROR_FILE).exists():
             return ps_error(run.run_dir, shard, instance.instance_id)
-    leader = shards[0]  # a follower shard stops with the leader, at the same cut
-    if any(i.instance_id == leader.instance_id for i in run.provider.describe(run.run_id)):
-        return None
-    # the telemetry's stop is written before the PS exits: read after seeing it gone, it tells a
-    # clean stop from a death
-    if run.progress().stopped in (None, "failed"):
-        return f"the parameter server exited: {ps_error(run.run_dir, 0, leader.instance_id)}"
+        # a shard's stop record is written before it exits: read after seeing it gone, it tells
+        # a clean stop from a death (read whole, and only then: a resume clears an earlier stop)
+        if instance.instance_id not in alive and TelemetryReader(directory).poll().stopped in (None, "failed"):
+            return f"the parameter server exited: {ps_error(run.run_dir, shard, instance.instance_id)}"
     return None
 
 
