@@ -1,4 +1,4 @@
 """`python -m tasks.cli ...`: the same as the `spotfill` console script."""
-from tasks.cli.main import main
+from tasks.cli.main import entry
 
-raise SystemExit(main())
+entry()

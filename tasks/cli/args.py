@@ -9,6 +9,7 @@ from tasks.core.command_line import arg_type
 
 counts = arg_type(limits.counts)
 positive_float = arg_type(limits.positive_float)
+mbps = arg_type(limits.mbps)
 positive_floats = arg_type(limits.positive_floats)
 nonnegative_float = arg_type(limits.nonnegative_float)
 finite_float = arg_type(limits.finite_float)

@@ -9,12 +9,15 @@ and SIGTERM 143, each with one line, after the command's own clean-up ran.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import importlib
+import os
 import signal
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 from tasks.core.command_line import OneLineParser
 from tasks.core.errors import one_line
@@ -97,5 +100,43 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def entry() -> None:
+    """`spotfill` as a process: the command, then its end. Plug-in code a command runs in this
+    process (a workload's build(), checked before anything launches) may leave a non-daemon
+    thread, which would keep the interpreter from ever exiting, or a child process, which would
+    outlive the command. Neither may: the atexit clean-up runs (the local provider's kill of what
+    it started), stray children are killed, and the process ends with the command's status."""
+    status = main()
+    atexit._run_exitfuncs()  # what the interpreter's exit would run, but without joining threads first
+    end_stray_children()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # piped into `head`, or closed already
+        pass
+    os._exit(status)
+
+
+def end_stray_children() -> None:
+    """SIGKILL every child of this process still running (each with its own process group when it
+    has one): by the command's end, the children it meant to run have ended or been stopped."""
+    me, my_group = os.getpid(), os.getpgrp()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        state, parent, group = text[text.rindex(")") + 2:].split()[:3]
+        if int(parent) != me or state in ("Z", "X"):
+            continue
+        try:
+            if int(group) != my_group:
+                os.killpg(int(group), signal.SIGKILL)
+            else:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -257,6 +257,20 @@ def startup_timeout_from_env() -> float:
         raise UserInputError(f"{STARTUP_TIMEOUT_ENV}={text[:40]!r}: {err}") from None
 
 
+def check_prefect_api_url() -> None:
+    """A Prefect server the user chose (PREFECT_API_URL) must be an http(s) URL: checked here,
+    before anything starts, so a malformed one is one line naming the variable, not a traceback
+    from Prefect's settings."""
+    import os
+
+    text = os.environ.get("PREFECT_API_URL")
+    if text:
+        try:
+            cli_args.endpoint_url(text)
+        except argparse.ArgumentTypeError as err:
+            raise UserInputError(f"PREFECT_API_URL={text[:80]!r}: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -264,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
     from tasks.pipeline.plugin_policy import allow_local_user
 
     prefect_defaults()
-    startup_timeout_s = startup_timeout_from_env()  # the cheap check first
+    startup_timeout_s = startup_timeout_from_env()  # the cheap checks first
+    check_prefect_api_url()
     request = build_request(args)
     check_request(request)
     allow_local_user(request.workload)

@@ -9,7 +9,8 @@ from tasks.cli import args as cli_args
 from tasks.cli.args import counts, duration_s, positive_float, positive_int
 from tasks.cli.output import print_json, runtime_errors_in_one_line
 from tasks.core.errors import UserInputError
-from tasks.core.limits import env_limit
+from tasks.core.folder_lock import FolderLock
+from tasks.core.limits import check_mbps, env_limit
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
@@ -29,11 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
-    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap (each shard's)")
+    p.add_argument("--ps-mbps", type=cli_args.mbps, default=None, help="emulated PS bandwidth cap (each shard's)")
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
     p.add_argument("--bandwidth-scale", type=positive_float, default=None,
                    help="shape each worker's traffic to its type's network bandwidth times this")
-    p.add_argument("--reference-compute-s", type=positive_float, default=None,
+    p.add_argument("--reference-compute-s", type=duration_s, default=None,
                    help="emulated compute time per iteration of a relative-speed-1 type")
     p.add_argument("--checkpoint-every-s", type=duration_s, default=30.0)
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
@@ -54,12 +55,22 @@ def max_local_workers() -> int:
     return env_limit("SPOTFILL_MAX_LOCAL_WORKERS", DEFAULT_MAX_LOCAL_WORKERS)
 
 
+def check_not_finished(run_id: str, latest: dict, max_updates: int | None, target_loss: float | None) -> None:
+    """A run resumed by its id past its own stop would train one update more and stop again:
+    say instead that it is finished, and how to train it on."""
+    updates, loss = latest["updates_total"], latest["smoothed_loss"]
+    if max_updates is not None and updates >= max_updates:
+        raise UserInputError(f"run {run_id} is finished: its newest checkpoint has {updates} updates, "
+                             f"--max-updates is {max_updates}; raise it to train on, or give another --run-id")
+    if target_loss is not None and loss is not None and loss <= target_loss:
+        raise UserInputError(f"run {run_id} is finished: its newest checkpoint's smoothed loss {loss:.4g} is at "
+                             f"--target-loss {target_loss:g}; lower it to train on, or give another --run-id")
+
+
 def _train(args: argparse.Namespace) -> int:
-    import sys
     import time
 
     from tasks.providers.local import LocalProvider
-    from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
     from tasks.runtime.workloads import check_workload, parse_options  # deferred: torch (start-up cost)
 
     # Every input is checked before the first process starts.
@@ -75,6 +86,10 @@ def _train(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.workers) - {t.name for t in provider.list_types()})
     if unknown:
         raise UserInputError(f"unknown instance type {unknown[0]!r}; local offers {', '.join(provider.types)}")
+    if args.bandwidth_scale is not None:  # each worker's link is its type's NIC times the scale
+        for name in args.workers:
+            check_mbps(f"{name}'s link (its NIC times --bandwidth-scale {args.bandwidth_scale:g})",
+                       provider.nic_mbps(name))
     options = parse_options(args.workload_opt)
     if args.trace:
         load_trace(args.trace)
@@ -85,9 +100,25 @@ def _train(args: argparse.Namespace) -> int:
             raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
     check_workload(args.workload, options)  # last: it builds the model and trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
+    with FolderLock(provider.run_dir(run_id), f"run {run_id}"):  # one command per run
+        return _train_owned(args, provider, run_id, options)
+
+
+def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict) -> int:
+    """Resume or start the run and train it; the caller owns the run's folder."""
+    import sys
+    import time
+
+    from tasks.runtime import checkpoint, driver  # deferred: torch (start-up cost)
+
+    # What an earlier command on this run left running (it was killed outright: its processes
+    # outlive it for a moment) stops now, writing its checkpoint, before this one resumes from it.
+    provider.cleanup(run_id)
     # A run id used before resumes from its checkpoints: one that cannot be read is an error now,
     # not a PS that dies at start-up (nor a silent fresh start).
-    checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
+    latest = checkpoint.load_latest(provider.run_dir(run_id) / "checkpoints", quarantine=False)
+    if latest is not None:
+        check_not_finished(run_id, latest, args.max_updates, args.target_loss)
     started_s = time.monotonic()
     run = driver.start_run(provider, run_id, args.workload, workload_options=options,
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,
@@ -106,7 +137,10 @@ def _train(args: argparse.Namespace) -> int:
 
         def done(progress) -> bool:
             bar.advance(max(0, progress.updates_total - bar.done), f"loss {progress.smoothed_loss or float('nan'):.3f}")
-            if time.monotonic() >= deadline_s:
+            failure = driver.ps_failure(run)
+            if failure:
+                ended["why"], ended["error"] = "ps_failed", failure
+            elif time.monotonic() >= deadline_s:
                 ended["why"] = "timeout"
             elif not any(i.role == "worker" for i in provider.describe(run_id)):
                 ended["why"] = "workers_gone"  # crashed or revoked: nobody is left to train
@@ -114,11 +148,15 @@ def _train(args: argparse.Namespace) -> int:
 
         driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
         bar.close()
+        failure = ended.get("error") or driver.ps_failure(run)  # it stopped as failed: wait_for saw that first
+        if failure:
+            ended["why"], ended["error"] = "ps_failed", failure
         final = driver.stop_run(run)  # by the STOP file, unless the PS has stopped by itself
     finally:
         provider.cleanup(run_id)
     # the PS's own reason (its workers may have left because of it), else why this command stopped it
-    stopped = final.stopped if final.stopped not in (None, "stop_file") else ended.get("why", final.stopped)
+    stopped = ("ps_failed" if "error" in ended
+               else final.stopped if final.stopped not in (None, "stop_file") else ended.get("why", final.stopped))
     result = {
         "run_id": run_id, "run_dir": str(run.run_dir), "stopped": stopped,
         "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
@@ -136,6 +174,10 @@ def _train(args: argparse.Namespace) -> int:
     if stopped == "diverged":
         sys.stderr.write(f"spotfill: the loss diverged (NaN or infinite after {final.updates_total} updates); "
                          "lower the learning rate or check the workload\n")
+        return 1
+    if stopped == "ps_failed":
+        sys.stderr.write(f"spotfill: the parameter server failed after {final.updates_total} updates; "
+                         f"{ended['error']}\n")
         return 1
     if stopped == "workers_gone":
         sys.stderr.write(f"spotfill: every worker exited after {final.updates_total} updates; "

@@ -23,6 +23,9 @@ MAX_BATCH_SIZE = 65536  # numpy's seed range
 # A model above this many parameters does not fit the local provider's emulated GPUs (a typo such
 # as width=1000000 would take the machine's memory): SPOTFILL_MAX_PARAMS raises it.
 DEFAULT_MAX_PARAMS = 2_000_000_000
+# An emulated link's bandwidth: below a kilobit a second one pull of a small model takes hours (and
+# the shaper's waits overflow a sleep); above a petabit it is no limit, only a typo.
+MIN_MBPS, MAX_MBPS = 1e-3, 1e9
 _ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 
 
@@ -143,6 +146,18 @@ def seed(text: str) -> int:
     if not 0 <= value <= MAX_SEED:
         raise UserInputError(f"seed must be in 0..{MAX_SEED}, got {text[:40]}")
     return value
+
+
+def check_mbps(what: str, mbps: float) -> float:
+    """An emulated bandwidth in megabits a second, within MIN_MBPS..MAX_MBPS."""
+    if not MIN_MBPS <= mbps <= MAX_MBPS:
+        raise UserInputError(f"{what} of {mbps:g} Mbps is outside {MIN_MBPS:g}..{MAX_MBPS:g} Mbps")
+    return mbps
+
+
+def mbps(text: str) -> float:
+    """A bandwidth option's text: a positive number of megabits a second, within MIN_MBPS..MAX_MBPS."""
+    return check_mbps("a bandwidth", positive_float(text))
 
 
 def _at_most_ten_years(text: str, value: float) -> float:

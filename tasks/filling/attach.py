@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.core.atomic import atomic_write_json
 from tasks.core.errors import UserInputError
+from tasks.core.inputs import loads_json
+from tasks.core.limits import MAX_SEED
 from tasks.core.phases import NoListener
 from tasks.core.profile import format_validation_error
 from tasks.filling.baselines import OpenAdmission, RateLimitedAdmission
@@ -29,7 +31,8 @@ Policy = Literal["gated", "naive", "naive_split", "rate_limited"]
 
 class FillConfig(BaseModel):
     """Inference filling on one worker. Validated: bad values -> one-line UserInputError."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: `true` is no rate of 1 and 2.0 no count (an int stands for a float, nothing else)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     enabled: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
@@ -59,7 +62,7 @@ class FillConfig(BaseModel):
     memory_budget_mb: float | None = Field(None, gt=0)  # CPU: default = half of MemAvailable
     dataset_size: int = Field(1024, ge=1)
     rate_limited_duty: float = Field(0.3, gt=0, le=1)  # only for the TGS-like baseline
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)  # numpy's seed range: a negative one fails only once running
 
 
 def parse_fill_config(data: dict) -> FillConfig:
@@ -168,10 +171,7 @@ def worker_fill_config(config: FillConfig | dict) -> FillConfig:
         config = config.model_dump()
     extra = os.environ.get(CONFIG_ENV)
     if extra:
-        try:
-            data = json.loads(extra)
-        except json.JSONDecodeError as err:
-            raise UserInputError(f"{CONFIG_ENV}: not JSON ({err.msg})") from None
+        data = loads_json(extra, CONFIG_ENV)  # strictly: a key given twice, NaN, an int past int64 refused
         if not isinstance(data, dict):
             raise UserInputError(f"{CONFIG_ENV}: expected a JSON object")
         config = {**config, **data}

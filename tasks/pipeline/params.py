@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from tasks.core import limits
 from tasks.core.capacity import load_capacity
@@ -40,12 +40,12 @@ class Candidates(BaseModel):
     model_config = _STRICT
     types: list[str] = Field(default_factory=lambda: ["p3.2xlarge", "g3.8xlarge"], min_length=1,
                              title="Instance types", description="instance types to profile and plan over")
-    quotas: dict[str, int] = Field(default_factory=dict, title="Quotas per type",
-                                   description="per-type caps (at most SPOTFILL_MAX_COUNT, 1000); default 4 each")
+    quotas: dict[str, StrictInt] = Field(default_factory=dict, title="Quotas per type",
+                                         description="per-type caps (at most SPOTFILL_MAX_COUNT, 1000); default 4 each")
     min_workers: int | None = Field(None, ge=1, title="Minimum workers", description=(
         "plan and re-plan at least this many workers, so a revocation leaves survivors (default: the smallest "
         "cluster the profile's loss curve was fitted on)"))
-    on_demand_quota: dict[str, int] = Field(default_factory=dict, title="On-demand quota per type", description=(
+    on_demand_quota: dict[str, StrictInt] = Field(default_factory=dict, title="On-demand quota per type", description=(
         "on-demand workers of each candidate type a plan may add when spot alone would miss the deadline "
         "(docs/pipeline.md, On-demand fallback); default none: spot only"))
     spot_probe_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, title="Spot probe every (s)", description=(
@@ -62,6 +62,8 @@ class Candidates(BaseModel):
         if len(set(self.types)) != len(self.types):
             raise ValueError("candidate types repeat")
         most = sum(self.quota(t) for t in self.types)
+        if not most:  # nothing could ever launch: refused before profiling spends minutes on it
+            raise ValueError("every candidate type's quota is 0: no worker could launch")
         if self.min_workers is not None and self.min_workers > most:
             raise ValueError(f"min_workers {self.min_workers} is more than the quotas allow ({most} in all)")
         return self
@@ -138,8 +140,8 @@ class BudgetCaps(BaseModel):
     """Guards that hold whatever the planner says."""
 
     model_config = _STRICT
-    max_instances: int = Field(12, gt=0, title="Max instances")
-    max_usd_per_h: float = Field(100.0, gt=0, title="Max $/h")
+    max_instances: int = Field(12, gt=0, strict=True, title="Max instances")  # strict: `true` is no count,
+    max_usd_per_h: float = Field(100.0, gt=0, strict=True, title="Max $/h")  # nor a price of $1.00
 
     @model_validator(mode="after")
     def _within_the_count_limit(self) -> "BudgetCaps":

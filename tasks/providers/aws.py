@@ -32,7 +32,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
     ProfileNotFound,
 )
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import format_validation_error
@@ -74,7 +74,8 @@ USER_DATA_MAX_BYTES = 16384
 class AwsConfig(BaseModel):
     """Where and how to launch; no credentials here (boto3's default chain supplies them)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # numbers strictly (strict=True, Strict*): `true` is no price of $1.00, nor "3" a count
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     region: str = "us-east-1"
     endpoint_url: str | None = None  # another EC2 endpoint (moto in tests); None: AWS's own
@@ -85,16 +86,16 @@ class AwsConfig(BaseModel):
     ssh_cidr: str | None = None  # SSH admitted from here only; None: no SSH at all
     instance_profile: str | None = None  # lets the watcher tag its own instance
     metadata_url: str = "http://169.254.169.254"  # IMDS base URL the watcher polls
-    watcher_poll_s: float = Field(default=5.0, gt=0)
-    max_instances: int = Field(default=16, ge=1)  # guard: instances alive in the run at once
-    max_usd_per_hour: float = Field(default=50.0, gt=0)  # guard: the run's hourly spend
-    quotas: dict[str, int] = Field(default_factory=dict)  # per type, when Service Quotas is silent
-    on_demand_usd_per_h: dict[str, float] = Field(default_factory=dict)  # adds to / overrides the table
+    watcher_poll_s: float = Field(default=5.0, gt=0, strict=True)
+    max_instances: int = Field(default=16, ge=1, strict=True)  # guard: instances alive in the run at once
+    max_usd_per_hour: float = Field(default=50.0, gt=0, strict=True)  # guard: the run's hourly spend
+    quotas: dict[str, StrictInt] = Field(default_factory=dict)  # per type, when Service Quotas is silent
+    on_demand_usd_per_h: dict[str, StrictFloat] = Field(default_factory=dict)  # adds to / overrides the table
     candidate_types: list[str] | None = None  # limit the catalog to these (None: every GPU type)
     spot_advisor_path: Path = aws_catalog.DEFAULT_SPOT_ADVISOR_PATH
     instance_catalog_path: Path = aws_catalog.DEFAULT_INSTANCE_CATALOG_PATH
     spot_price_archive: Path | None = None  # a price archive TSV instead of the live price API
-    price_window_s: float = Field(default=7 * 86400.0, gt=0)
+    price_window_s: float = Field(default=7 * 86400.0, gt=0, strict=True)
 
     @field_validator("region")
     @classmethod

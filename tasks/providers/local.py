@@ -29,6 +29,7 @@ type's samples per second (gpus * batch_per_gpu / compute_time_s) over the faste
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import signal
@@ -189,6 +190,8 @@ class LocalProvider(Provider):
                 row["state"] = "terminated"
                 changed = True
             elif not self._alive(row):
+                if row["start_ticks"] is not None:  # what it started (a plug-in's helper) goes with it
+                    _kill_group(row["pid"], signal.SIGKILL)
                 self._reap(row["pid"])
                 row["state"] = "terminated"
                 changed = True
@@ -218,8 +221,11 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             self._settle(run_id, table)
-            mine = [r for r in table["instances"] if (r["plan_id"], r["type"], r["role"]) == (plan_id, instance_type, role)]
-            if mine:  # a retry: what the first call started
+            # a retry: what the first call started and still runs (one that exited is no answer:
+            # a run resumed by its id starts its PS and workers again)
+            mine = [r for r in table["instances"] if (r["plan_id"], r["type"], r["role"]) == (plan_id, instance_type, role)
+                    and r["state"] != "terminated"]
+            if mine:
                 self._save(run_id, table)
                 return LaunchResult([self._instance(r) for r in mine])
             refused = {}
@@ -246,7 +252,6 @@ class LocalProvider(Provider):
         (run_dir / "notices").mkdir(parents=True, exist_ok=True)
         notice_file = run_dir / "notices" / instance_id
         run_registry.remember(run_id, self.artifacts_dir)  # `spotfill cleanup` finds it from any folder
-        itype = self.types[instance_type]
         env = {
             **os.environ, **startup.env,
             "PYTHONPATH": child_pythonpath(),
@@ -257,8 +262,7 @@ class LocalProvider(Provider):
             "SPOTFILL_WATCH_PID": str(os.getpid()),
         }
         if self.bandwidth_scale is not None:
-            # the worker shapes in megabits/s; the type's NIC is in megabytes/s
-            env["SPOTFILL_NIC_MBPS"] = repr(8.0 * itype.network_mbytes_per_s * self.bandwidth_scale)
+            env["SPOTFILL_NIC_MBPS"] = repr(self.nic_mbps(instance_type))
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]
@@ -277,6 +281,11 @@ class LocalProvider(Provider):
         }
         table["instances"].append(row)
         return row
+
+    def nic_mbps(self, instance_type: str) -> float:
+        """The bandwidth an instance of the type is shaped to, megabits/s (its NIC's megabytes/s
+        times bandwidth_scale)."""
+        return 8.0 * self.types[instance_type].network_mbytes_per_s * (self.bandwidth_scale or 1.0)
 
     @staticmethod
     def _instance(row: dict) -> Instance:
@@ -318,7 +327,11 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             if self._settle(run_id, table):
-                self._save(run_id, table)
+                try:
+                    self._save(run_id, table)
+                except OSError as err:  # a full disk: the next look settles the same again, and the
+                    if err.errno not in (errno.ENOSPC, errno.EDQUOT):  # run's own error is the news
+                        raise
             return [self._instance(r) for r in table["instances"] if r["state"] != "terminated"]
 
     def poll_events(self, run_id: str) -> list[ProviderEvent]:

@@ -1,7 +1,8 @@
 """Where each local run lives, so `spotfill cleanup --run-id ID` finds it from any folder.
 
 A run started on the local provider records its artifacts folder in a per-user state folder:
-$SPOTFILL_STATE_DIR, else $XDG_STATE_HOME/spotfill, else ~/.local/state/spotfill; one small JSON
+$SPOTFILL_STATE_DIR, else $XDG_STATE_HOME/spotfill (when absolute, as the XDG spec asks), else
+~/.local/state/spotfill; one small JSON
 file per run, runs/<run-id>.json, written atomically.
 """
 from __future__ import annotations
@@ -18,7 +19,9 @@ def state_dir() -> Path:
     explicit = os.environ.get("SPOTFILL_STATE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):  # unset, or relative: the XDG spec says to ignore it (else the
+        base = Path.home() / ".local" / "state"  # registry would land in whatever folder a run starts from)
     return Path(base) / "spotfill"
 
 

@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import re
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +31,7 @@ from tasks.core.errors import UserInputError
 MAGIC = b"SPOTFILL-CHECKPOINT-1\n"
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_PARTIAL = re.compile(r"^\.ckpt-\d+\.pt\..+\.tmp$")  # tasks.core.atomic's temporary name for one
 
 
 class CheckpointError(UserInputError):
@@ -70,9 +72,29 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def remove_partial_writes(directory: Path) -> list[Path]:
+    """Delete the temporary files of checkpoint writes that never finished (a PS killed while
+    writing: the rename never came); the one writer of the folder calls it before it resumes."""
+    if not directory.is_dir():
+        return []
+    partial = [p for p in directory.iterdir() if _PARTIAL.match(p.name)]
+    for path in partial:
+        path.unlink(missing_ok=True)
+    return partial
+
+
+def read_regular(path: Path) -> bytes:
+    """A file's bytes, when it is a regular file: a FIFO is neither waited on (O_NONBLOCK) nor read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"checkpoint {path} is not a regular file")
+        return f.read()
+
+
 def load_checkpoint(path: Path) -> dict:
     """The state in `path`, or CheckpointError naming what is wrong with it."""
-    data = path.read_bytes()
+    data = read_regular(path)
     if not data.startswith(MAGIC):
         raise CheckpointError(f"checkpoint {path} is not a spotfill checkpoint (bad header)")
     header_end = data.find(b"\n", len(MAGIC))

@@ -21,7 +21,7 @@ from typing import Callable
 from tasks.core.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime.cuts import shard_dir
-from tasks.runtime.ps import READY_FILE, STOP_FILE
+from tasks.runtime.ps import ERROR_FILE, READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
 from tasks.runtime.workloads import check_workload
 
@@ -95,7 +95,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
     for shard in range(num_ps):
-        (shard_dir(run_dir, shard) / READY_FILE).unlink(missing_ok=True)
+        for stale in (READY_FILE, ERROR_FILE):  # an earlier PS's
+            (shard_dir(run_dir, shard) / stale).unlink(missing_ok=True)
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
@@ -110,7 +111,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         while not (shard_dir(run_dir, shard) / READY_FILE).exists():
             if not any(i.instance_id == instance.instance_id for i in provider.describe(run_id)):
                 provider.terminate([i.instance_id for i in instances])
-                raise RuntimeError(f"the parameter server exited during start-up; see {run_dir}/logs/")
+                raise RuntimeError(f"the parameter server exited during start-up: "
+                                   f"{ps_error(run_dir, shard, instance.instance_id)}")
             if time.monotonic() > deadline_s:
                 provider.terminate([i.instance_id for i in instances])
                 raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
@@ -179,6 +181,32 @@ def last_log_line(run_dir: Path, instance_id: str) -> str:
     log = run_dir / "logs" / f"{instance_id}.log"
     lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
     return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
+
+
+def ps_error(run_dir: Path, shard: int, instance_id: str) -> str:
+    """What a PS shard that exited said about why: its error file, else its log's last line."""
+    path = shard_dir(run_dir, shard) / ERROR_FILE
+    try:
+        error = " ".join(path.read_text(errors="replace").split())[:400] if path.is_file() else ""
+    except OSError:
+        error = ""
+    return error or last_log_line(run_dir, instance_id)
+
+
+def ps_failure(run: TrainingRun) -> str | None:
+    """Why the PS failed, in one line, once a shard has: it stopped as failed (its error file), or
+    exited without having stopped (killed, or a crash too sudden to say so). None while it runs
+    or after a clean stop. Part of every stop decision: a dead PS trains nobody."""
+    alive = {i.instance_id for i in run.provider.describe(run.run_id)}
+    for shard, instance in enumerate(run.ps_instances or [run.ps_instance]):
+        directory = shard_dir(run.run_dir, shard)
+        if (directory / ERROR_FILE).exists():
+            return ps_error(run.run_dir, shard, instance.instance_id)
+        # a shard's stop record is written before it exits: read after seeing it gone, it tells
+        # a clean stop from a death (read whole, and only then: a resume clears an earlier stop)
+        if instance.instance_id not in alive and TelemetryReader(directory).poll().stopped in (None, "failed"):
+            return f"the parameter server exited: {ps_error(run.run_dir, shard, instance.instance_id)}"
+    return None
 
 
 def stop_run(run: TrainingRun, timeout_s: float = 60.0) -> ClusterProgress:

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from tasks.runtime.workloads import build_workload, parse_options
 
 STOP_FILE = "STOP"
 READY_FILE = "ps.json"
+ERROR_FILE = "ps-error.txt"  # one line: why this PS failed (the driver reads it; tells a failure from a stop)
 POLL_S = 0.1  # the main loop's period (joins, checkpoints, stop): each poll costs a store round trip
 
 
@@ -120,6 +122,13 @@ class ParameterServer:
         self._pool: dict[torch.Tensor, int] = {}  # copies of the state -> handlers sending them now
         self.epochs = EpochCut(self) if config.num_shards > 1 else None
         self._signalled: str | None = None  # set by a signal handler, acted on by serve()
+        self.error: str | None = None  # why a worker's handler failed: the PS stops as failed
+
+    def fail(self, err: BaseException) -> None:
+        """A handler thread's unexpected error is the PS's failure, not one lost worker: stop (as
+        "failed") rather than serve on with a piece of the PS broken."""
+        self.error = self.error or one_line_error(err)
+        self.stopping = "failed"
 
     # ------------------------------------------------------------ state and checkpoints
 
@@ -130,6 +139,7 @@ class ParameterServer:
     def resume(self) -> bool:
         """Load the newest good checkpoint (sharded: the newest consistent cut every shard has),
         if any; True when resumed."""
+        checkpoint.remove_partial_writes(self.checkpoint_dir)  # a predecessor killed mid-write left them
         if self.sharded:
             state = self.epochs.load_common_cut()
         else:
@@ -350,6 +360,9 @@ class ParameterServer:
                     self.release_state(params)
         except RuntimeError:
             reason = "lost"
+        except Exception as err:  # not the link's: the PS's own fault (a shaping delay past range...)
+            reason = "ps_failed"
+            self.fail(err)
         finally:
             self.shaper.remove_worker(worker_id)
             if self.sharded:
@@ -404,6 +417,8 @@ class ParameterServer:
         deadline_s = time.monotonic() + c.stop_grace_s
         for thread in self._handlers:  # workers hear "stop" at their next exchange
             thread.join(timeout=max(0.0, deadline_s - time.monotonic()))
+        if self.error:  # before the stop record: a reader that sees "failed" finds the error
+            write_error(self.dir, self.error)
         self.telemetry.write("stop", reason=self.stopping, version=self.version,
                              updates_total=self.updates_total, samples_total=self.samples_total)
         self.telemetry.close()
@@ -444,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--workload", required=True)
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--ps-mbps", type=positive_float, default=None, help="emulated PS bandwidth cap")
+    p.add_argument("--ps-mbps", type=arg_type(limits.mbps), default=None, help="emulated PS bandwidth cap")
     p.add_argument("--checkpoint-every-s", type=positive_float, default=30.0)
     p.add_argument("--checkpoint-every-updates", type=positive_int, default=None)
     p.add_argument("--max-updates", type=positive_int, default=None)
@@ -470,9 +485,25 @@ def default_threads(cpu_count: int) -> int:
     return max(1, min(4, cpu_count // 4))
 
 
+def one_line_error(err: BaseException) -> str:
+    """An exception as one bounded line: its type (for an OSError, the errno's words) and message."""
+    text = " ".join(str(err).split())[:300] or type(err).__name__
+    return text if isinstance(err, UserInputError) else f"{type(err).__name__}: {text}"
+
+
+def write_error(directory: Path, error: str) -> None:
+    """Leave the PS's error where the driver reads it, atomically; on a full disk this may fail
+    too, and the log's last line (the same words) is what the driver reports then."""
+    try:
+        atomic_write_text(directory / ERROR_FILE, error + "\n", fsync=False)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads or default_threads(os.cpu_count() or 1))
+    error_dir = shard_dir(args.run_dir, args.shard)
     try:
         config = PsConfig(
             run_dir=args.run_dir, port=args.port, workload=args.workload,
@@ -489,11 +520,21 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as err:
             raise UserInputError(f"cannot listen on port {config.port}: {str(err).splitlines()[0][:120]}") from None
     except UserInputError as err:
+        write_error(error_dir, one_line_error(err))
         sys.stderr.write(f"spotfill ps: error: {err}\n")
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.on_signal)
-    reason = server.serve(store)
+    try:
+        reason = server.serve(store)
+    except Exception as err:  # a checkpoint on a full disk, ...: the run's failure, said in one line
+        traceback.print_exc()
+        server.error = one_line_error(err)
+        write_error(error_dir, server.error)
+    if server.error:
+        sys.stderr.write(f"spotfill ps: error: {server.error}\n")
+        sys.stderr.flush()
+        os._exit(1)
     sys.stderr.write(f"spotfill ps: stopped ({reason}) at version {server.version}\n")
     sys.stdout.flush()
     os._exit(0)  # handler threads may still sit in a gloo recv from a silent worker

@@ -10,13 +10,14 @@ Every record has `t` (epoch seconds) and `kind`:
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update), apply_ms and apply_ms_per_mb (the PS's optimizer step for it).
 - `join` / `leave`: a worker's membership. `leave` has reason: "notice", "stop", "terminated", "rejoin",
-  "lost" (the connection broke: the worker died), "ps_stop"; a reader marks workers still
+  "lost" (the connection broke: the worker died), "ps_stop", "ps_failed" (its handler failed the PS); a reader marks workers still
   connected at a `resume` as left with "ps_restart".
 - `checkpoint`: version, samples_total, path, epoch (a sharded PS's cut; null otherwise). `resume`: the PS restarted from a checkpoint
   (version, samples_total); totals continue from there: updates after that checkpoint and before
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
-- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal).
+- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal, orchestrator_gone,
+  diverged, failed: its error is in ps-error.txt beside the telemetry).
 A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
 PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
 """

@@ -377,8 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default=os.environ.get("SPOTFILL_INSTANCE_ID", ""))
     p.add_argument("--instance-type", default=os.environ.get("SPOTFILL_INSTANCE_TYPE", "local"))
     p.add_argument("--relative-speed", type=positive_float, default=_env_float("SPOTFILL_RELATIVE_SPEED") or 1.0)
-    p.add_argument("--reference-compute-s", type=positive_float, default=_env_float("SPOTFILL_REFERENCE_COMPUTE_S"))
-    p.add_argument("--nic-mbps", type=positive_float, default=_env_float("SPOTFILL_NIC_MBPS"))
+    # defaults from the environment as text: argparse checks them as it checks the flags
+    p.add_argument("--reference-compute-s", type=arg_type(limits.duration_s),
+                   default=os.environ.get("SPOTFILL_REFERENCE_COMPUTE_S") or None)
+    p.add_argument("--nic-mbps", type=arg_type(limits.mbps), default=os.environ.get("SPOTFILL_NIC_MBPS") or None)
     p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")

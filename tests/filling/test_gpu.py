@@ -108,7 +108,10 @@ def test_worker_takes_fill_fields_from_the_environment(monkeypatch):
     with pytest.raises(UserInputError, match="^fill config: model"):
         worker_fill_config({})
     monkeypatch.setenv(CONFIG_ENV, "{model")
-    with pytest.raises(UserInputError, match=f"^{CONFIG_ENV}: not JSON"):
+    with pytest.raises(UserInputError, match=f"^{CONFIG_ENV}: not valid JSON"):
+        worker_fill_config({})
+    monkeypatch.setenv(CONFIG_ENV, '{"max_batch": 4, "max_batch": 64}')  # which one counts is the reader's guess
+    with pytest.raises(UserInputError, match=f"^{CONFIG_ENV}: key 'max_batch' is given twice in one object"):
         worker_fill_config({})
 
 

@@ -29,6 +29,14 @@ from tests.helpers import REPO
     ("device", "tpu", "device"),
     ("slo_s", float("nan"), "slo_s"),
     ("bogus", 1, "bogus"),
+    # a value of another type is not converted: `true` is no rate of 1, 2.0 or "8" no count
+    ("online_rate_per_s", True, "online_rate_per_s"),
+    ("max_batch", 2.0, "max_batch"),
+    ("max_batch", "8", "max_batch"),
+    ("enabled", 1, "enabled"),
+    # one that parses but could not run: numpy's seed range
+    ("seed", -1, "seed"),
+    ("seed", 2**32, "seed"),
 ])
 def test_bad_fill_config_is_one_line_naming_the_field(field, value, fragment):
     with pytest.raises(UserInputError) as err:

@@ -68,8 +68,12 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
 @pytest.mark.parametrize("argv, env, message", [
     (["--types", "p3.2xlarge,p3.2xlarge"], {}, "candidate types repeat"),
     (["--types", "p3.2xlarge,g4dn.4xlarge"], {}, "have different NICs"),
-    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not JSON"),
+    ([], {"SPOTFILL_FILL_CONFIG": "{bad"}, "SPOTFILL_FILL_CONFIG: not valid JSON"),
     ([], {"SPOTFILL_FILL_CONFIG": '{"max_batch": "x"}'}, "fill config: max_batch"),
+    ([], {"SPOTFILL_FILL_CONFIG": '{"slo_s": 0.5, "slo_s": 0.1}'}, "key 'slo_s' is given twice"),
+    ([], {"SPOTFILL_FILL_CONFIG": '{"seed": -1}'}, "fill config: seed"),
+    ([], {"PREFECT_API_URL": "http://[::1"}, "PREFECT_API_URL='http://[::1': malformed endpoint URL"),
+    ([], {"PREFECT_API_URL": "127.0.0.1:4200/api"}, "PREFECT_API_URL='127.0.0.1:4200/api': endpoint URL must be"),
     (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
     (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
      {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",

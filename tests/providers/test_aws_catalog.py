@@ -120,3 +120,17 @@ def test_user_data_quotes_the_command_and_starts_the_watcher_first():
         user_data_script(Startup(("x",), {"BAD-NAME": "1"}), {}, None)
     with pytest.raises(UserInputError, match="user data holds"):
         user_data_script(Startup(("x",), {"BIG": "y" * 20000}), {}, None)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("on_demand_usd_per_h", {"g5.xlarge": True}),  # read as a price of $1.00 before
+    ("quotas", {"g5.xlarge": True}),
+    ("quotas", {"g5.xlarge": "3"}),
+    ("max_usd_per_hour", True),
+    ("max_instances", 2.0),
+    ("watcher_poll_s", "5"),
+])
+def test_aws_config_numbers_are_read_strictly(field, value):
+    with pytest.raises(UserInputError, match=f"^aws config: {field}"):
+        load_aws_config({field: value})
+    assert load_aws_config({"on_demand_usd_per_h": {"g5.xlarge": 1}, "max_usd_per_hour": 20}).max_usd_per_hour == 20.0

@@ -73,6 +73,25 @@ def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("end", ["exits", "terminated", "killed"])
+def test_a_retry_returns_only_live_instances(provider, end):
+    """A launch again under a plan id whose instances have ended starts new ones (a run resumed
+    by its id), however they ended; while one still runs, it is the answer."""
+    quick = Startup(("python", "-c", "pass")) if end == "exits" else SLEEPER
+    (first,) = provider.launch("r", "ps", "p3.2xlarge", 1, role="ps", market="on-demand", startup=quick).instances
+    pid = provider.pid_of("r", first.instance_id)
+    if end == "terminated":
+        provider.terminate([first.instance_id])
+    elif end == "killed":
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+    _wait(lambda: provider.describe("r") == [])
+    (second,) = provider.launch("r", "ps", "p3.2xlarge", 1, role="ps", market="on-demand", startup=SLEEPER).instances
+    assert second.instance_id != first.instance_id and second.state == "running"
+    again = provider.launch("r", "ps", "p3.2xlarge", 1, role="ps", market="on-demand", startup=SLEEPER)
+    assert [i.instance_id for i in again.instances] == [second.instance_id]
+
+
+@pytest.mark.integration
 def test_capacity_limits_spot_launches(provider):
     provider.capacity["g3.8xlarge"] = 1
     result = provider.launch("r", "p0", "g3.8xlarge", 3, startup=SLEEPER)

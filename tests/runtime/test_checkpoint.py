@@ -3,6 +3,7 @@ anything starts, and a run whose checkpoints cannot be read never silently start
 import hashlib
 import io
 import os
+import threading
 
 import pytest
 import torch
@@ -74,4 +75,29 @@ def test_train_refuses_a_crafted_checkpoint_before_starting_anything(tmp_path, c
     err = capsys.readouterr().err
     assert status == 2 and len(err.strip().splitlines()) == 1 and "refused" in err, err
     assert not marker.exists()
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]  # no logs, no instance table
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "owner.lock"]  # no logs, no instance table
+
+
+def test_a_fifo_among_the_checkpoints_is_set_aside_not_waited_on(tmp_path):
+    checkpoint.save_checkpoint(tmp_path, 1, {"version": 1})
+    os.mkfifo(tmp_path / "ckpt-000000002.pt")  # nobody ever writes into it: opening it to read would block
+    found = {}
+    loader = threading.Thread(target=lambda: found.update(state=checkpoint.load_latest(tmp_path)), daemon=True)
+    loader.start()
+    loader.join(timeout=120)  # a hang guard only
+    assert not loader.is_alive(), "load_latest waited on a FIFO"
+    assert found["state"] == {"version": 1}
+    assert (tmp_path / "ckpt-000000002.pt.corrupt").exists()
+    with pytest.raises(checkpoint.CheckpointError, match="is not a regular file"):
+        checkpoint.load_checkpoint(tmp_path / "ckpt-000000002.pt.corrupt")
+
+
+def test_partial_writes_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
+    kept = checkpoint.save_checkpoint(tmp_path, 1, {"version": 1})
+    partial = tmp_path / ".ckpt-000000002.pt.k3x9q.tmp"
+    partial.write_bytes(checkpoint.MAGIC + b"half")
+    other = tmp_path / ".notes.tmp"
+    other.write_text("mine")
+    assert checkpoint.remove_partial_writes(tmp_path) == [partial]
+    assert not partial.exists() and kept.exists() and other.exists()
+    assert checkpoint.remove_partial_writes(tmp_path / "absent") == []

@@ -25,7 +25,13 @@ from tasks.runtime import driver, ps, worker
     pytest.param(worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--device", "cuda:0"],
                  "--device cuda:0: torch sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--nic-mbps", "1e-300"],
+     "--nic-mbps: a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
+    (worker.main, ["--ps", "127.0.0.1:1", "--workload", "resnet20", "--batch-size", "8", "--reference-compute-s", "1e300"],
+     "--reference-compute-s: 1e300 s is more than ten years"),
     (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "nope"], "unknown workload 'nope'"),
+    (ps.main, ["--run-dir", "RUN_DIR", "--port", "1", "--workload", "resnet20", "--ps-mbps", "1e-300"],
+     "--ps-mbps: a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(entry, argv, message, tmp_path, capsys):
     argv = [str(tmp_path) if a == "RUN_DIR" else a for a in argv]
@@ -74,6 +80,13 @@ def _train_cli(argv):
 @pytest.mark.parametrize("argv,message", [
     (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "0"], "must be a positive integer"),
     (["--workload", "resnet20", "--workers", "p3.2xlarge", "--batch-size", "8"], "expected TYPE=N"),
+    # the shaper's waits would overflow a sleep (too slow) or mean nothing (too fast): refused before launch
+    (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--ps-mbps", "1e-300"],
+     "a bandwidth of 1e-300 Mbps is outside 0.001..1e+09 Mbps"),
+    (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--ps-mbps", "1e12"],
+     "a bandwidth of 1e+12 Mbps is outside"),
+    (["--workload", "resnet20", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--reference-compute-s", "1e300"],
+     "1e300 s is more than ten years"),
 ])
 def test_train_usage_errors_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -85,6 +98,10 @@ def test_train_usage_errors_exit_2(argv, message, capsys):
     (["--workload", "resnet20", "--workers", "p3.2xlarge=0", "--batch-size", "8"], "launches no worker"),
     (["--workload", "resnet20", "--workers", "z1.tiny=1", "--batch-size", "8"], "unknown instance type 'z1.tiny'"),
     (["--workload", "resnet21", "--workers", "p3.2xlarge=1", "--batch-size", "8", "--run-id", "x"], "unknown workload"),
+    (["--workload", "resnet20", "--workers", "p3.2xlarge=1,g4dn.4xlarge=1", "--batch-size", "8",
+      "--bandwidth-scale", "1e-300"], r"p3.2xlarge's link \(its NIC times --bandwidth-scale 1e-300\) of .* is outside"),
+    (["--workload", "resnet20", "--workers", "g4dn.4xlarge=1", "--batch-size", "8", "--bandwidth-scale", "1e300"],
+     r"g4dn.4xlarge's link .* outside 0.001..1e\+09 Mbps"),
 ])
 def test_train_bad_values_are_user_errors(argv, message):
     with pytest.raises(UserInputError, match=message):
