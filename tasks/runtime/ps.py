@@ -220,7 +220,9 @@ class ParameterServer:
 
     def apply(self, worker_id: int, instance_type: str, header: torch.Tensor, push: torch.Tensor, batch_size: int) -> bool:
         """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
-        _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch, intra_sum_s = header.tolist()
+        values = header.tolist()
+        _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch = values[:wire.INTRA_SUM_S]
+        intra_sum_s = values[wire.INTRA_SUM_S] if len(values) > wire.INTRA_SUM_S else -1.0  # a one-GPU header of old
         with self.lock:
             if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
                 return False
