@@ -100,3 +100,14 @@ def test_a_device_naming_one_gpu_is_refused_for_a_multi_gpu_worker(capfd):
     err = capfd.readouterr().err.strip().splitlines()
     assert err == ["spotfill worker: error: --device cuda:1 names one GPU, but the instance has 4: a multi-GPU worker "
                    "trains on cuda:0..cuda:3 (give --device cuda or auto)"]
+
+
+def test_a_launch_of_a_multi_gpu_type_on_one_named_gpu_is_refused_before_any_process_starts(tmp_path):
+    from tasks.providers.local import LocalProvider
+    from tasks.runtime.driver import TrainingRun, add_workers
+
+    provider = LocalProvider(tmp_path)
+    run = TrainingRun("r", tmp_path / "r", provider, "127.0.0.1:1", None, SPEC)
+    with pytest.raises(UserInputError, match="--device cuda:0 names one GPU, but the instance has 4"):
+        add_workers(run, "g3.16xlarge", 1, 16, extra_args=("--device", "cuda:0"))
+    assert provider.describe("r") == []
