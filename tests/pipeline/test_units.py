@@ -320,3 +320,13 @@ def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tm
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
     assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_the_report_lists_each_worker_with_its_gpus():
+    from tasks.pipeline.report import workers_markdown
+
+    lines = workers_markdown({"trained_workers": [
+        {"worker": 1, "instance_type": "g3.8xlarge", "gpus": 2, "updates": 40, "samples": 1280, "left": None},
+        {"worker": 2, "instance_type": "p3.2xlarge", "gpus": 1, "updates": 9, "samples": 144, "left": "notice"}]})
+    assert "| 1 | g3.8xlarge | 2 | 40 | 1280 | - |" in lines and "| 2 | p3.2xlarge | 1 | 9 | 144 | notice |" in lines
+    assert workers_markdown({"trained_workers": []}) == []
