@@ -111,3 +111,33 @@ def test_a_launch_of_a_multi_gpu_type_on_one_named_gpu_is_refused_before_any_pro
     with pytest.raises(UserInputError, match="--device cuda:0 names one GPU, but the instance has 4"):
         add_workers(run, "g3.16xlarge", 1, 16, extra_args=("--device", "cuda:0"))
     assert provider.describe("r") == []
+
+
+def test_a_replica_that_fails_has_its_error_raised_by_replica_0_and_every_replica_ends():
+    from tasks.runtime.replicas import Replicas
+
+    numel = 8
+
+    class Bound:
+        def __init__(self):
+            self.state, self.push = torch.zeros(numel), torch.full((numel,), 3.0)
+
+    def build(rank: int):
+        if rank == 2:
+            raise RuntimeError("replica 2's GPU is gone")
+        return Bound(), lambda: 1.0
+
+    cpu = torch.device("cpu")
+    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, build)
+    push = torch.full((numel,), 3.0)
+    replicas.hand_out(torch.ones(numel))
+    with pytest.raises(RuntimeError, match="replica 2's GPU is gone"):
+        replicas.sum(push, 1.0)
+    replicas.close()
+    assert not any(t.name.startswith("replica-") for t in threading.enumerate())
+
+    # replica 0 failing between the hand-out and the sum: close() joins the sum the others wait in
+    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, lambda rank: (Bound(), lambda: 1.0))
+    replicas.hand_out(torch.ones(numel))
+    replicas.close()
+    assert not any(t.name.startswith("replica-") for t in threading.enumerate())
