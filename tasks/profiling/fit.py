@@ -29,7 +29,10 @@ from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, Typ
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
 BAND_TOP = 0.35  # the band starts where the loss has covered 65% of its fall (above: the warm-up knee)
 BAND_MARGIN = 0.03  # ...and ends this share of the fall above the highest cluster's lowest loss
-LOCAL_PCIE_MBPS = 1e6  # the local provider does not emulate PCIe: its term is negligible
+# The fit does not estimate PCIe yet: with this Bpcie its term is negligible, and the sum a
+# multi-GPU worker's replicas take on the local provider (paced to its emulated PCIe) is counted
+# in the type's fitted compute time.
+LOCAL_PCIE_MBPS = 1e6
 
 
 class FitQuality(BaseModel):
