@@ -20,6 +20,14 @@
    shard's bandwidth is capped at `ps_bandwidth_mbps` by its token bucket, so throughput grows,
    then bends where the PS links saturate: at k x the one-PS cap with k shards (the planner's
    k x Bps). Plot: artifacts/bench-runtime/throughput_vs_workers.png.
+3. Scaling inside an instance: samples/s of one worker of a g-GPU type over one of a 1-GPU type of
+   the same per-GPU speed, at the same batch per GPU, g = 1, 2, 4 (replicas on the CPU, the local
+   provider's emulation of a multi-GPU instance), with each replica's compute padded to
+   `reference_compute_s` (compute dominates, as on GPUs) and unpadded (the host's own compute: on a
+   machine with fewer cores than replicas it cannot scale); and the gradient sum's time against the
+   PCIe bound 2 g S / Bpcie it is paced to.
+
+`--part overhead|workers|gpus` runs one of the three.
 
 `run_runtime_bench(device, quick)` returns the whole result as a dict (for `spotfill bench gpu`);
 nothing here imports prefect or boto3.
@@ -34,9 +42,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.providers.local import REPO, LocalProvider
+from tasks.providers.base import InstanceType
+from tasks.providers.local import REPO, LocalProvider, default_pcie_mbytes_per_s
 from tasks.runtime import driver, wire
 from tasks.runtime.pieces import PIECE_MB
+from tasks.runtime.replicas import pcie_floor_s
 from tasks.runtime.telemetry import read_records
 from tasks.runtime.worker import WorkerConfig, device_batches, run_worker
 from tasks.runtime.workloads import build_workload
@@ -291,6 +301,59 @@ def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float, n
     return result, param_mb
 
 
+INSTANCE_GPUS = (1, 2, 4)
+PARTS = ("overhead", "workers", "gpus")
+
+
+def emulated_type(gpus: int) -> InstanceType:
+    """A g-GPU type of one per-GPU speed: its replicas all pad to the same step."""
+    return InstanceType(f"emulated-{gpus}gpu", gpus, "emulated", 16.0 * gpus, 1250.0, 1.0 * gpus, 0.3 * gpus)
+
+
+def samples_per_s_of_one_worker(provider: LocalProvider, run_id: str, instance_type: str, batch: int,
+                                window_s: float) -> tuple[float, list[float]]:
+    """One worker of the type trains alone; its accepted samples/s over a window once warm, and
+    the intra-instance sums' seconds in that window."""
+    run = driver.start_run(provider, run_id, SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
+                           ps_type=instance_type, checkpoint_every_s=3600.0)
+    try:
+        driver.add_workers(run, instance_type, 1, batch)
+        driver.wait_for(run, lambda p: sum(w.updates for w in p.workers.values()) >= 3, timeout_s=120)
+        start_t = time.time()
+        time.sleep(window_s)
+        end_t = time.time()
+        driver.wait_for(run, lambda p: (p.last_update_t or 0) >= end_t, timeout_s=60)
+        window = [r for r in read_records(run.run_dir) if r["kind"] == "update" and start_t <= r["t"] < end_t]
+        driver.stop_run(run)
+    finally:
+        provider.cleanup(run_id)
+    return sum(r["samples"] for r in window) / (end_t - start_t), [r["intra_sum_s"] for r in window if r["intra_sum_s"]]
+
+
+def scaling_inside_an_instance(artifacts: Path, window_s: float) -> dict:
+    """Samples/s of a g-GPU worker over a 1-GPU worker at batch SCALING_BATCH per GPU, padded and
+    unpadded; the sums' median seconds against the PCIe bound."""
+    types = [emulated_type(g) for g in INSTANCE_GPUS]
+    pcie_mbytes_per_s = default_pcie_mbytes_per_s()
+    numel = wire.flat_size(build_workload(SCALING_WORKLOAD, SCALING_OPTIONS).model)
+    rows = []
+    for padded in (True, False):
+        provider = LocalProvider(artifacts, types=types, relative_speed={t.name: 1.0 for t in types},
+                                 reference_compute_s=REFERENCE_COMPUTE_S if padded else None, bandwidth_scale=1.0,
+                                 pcie_mbytes_per_s=pcie_mbytes_per_s)
+        one = None
+        for itype in types:
+            rate, sums_s = samples_per_s_of_one_worker(provider, f"gpus-{itype.gpus}-{'padded' if padded else 'host'}",
+                                                       itype.name, SCALING_BATCH * itype.gpus, window_s)
+            one = one or rate
+            rows.append({"gpus": itype.gpus, "padded": padded, "samples_per_s": rate, "over_one_gpu": rate / one,
+                         "intra_sum_s": statistics.median(sums_s) if sums_s else None,
+                         "pcie_bound_s": pcie_floor_s(itype.gpus, numel, 8 * pcie_mbytes_per_s) if itype.gpus > 1 else None})
+    return {"rows": rows, "batch_per_gpu": SCALING_BATCH, "reference_compute_s": REFERENCE_COMPUTE_S,
+            "pcie_mbytes_per_s": pcie_mbytes_per_s, "vector_mb": numel * 4 / 1e6,
+            "workload": f"{SCALING_WORKLOAD} width {SCALING_OPTIONS['width']}"}
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -319,7 +382,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = True,
-                      max_s: float = math.inf) -> dict:
+                      max_s: float = math.inf, parts: tuple[str, ...] = PARTS) -> dict:
     """The whole benchmark as a dict: the overhead cases for `device` ("cpu" or "cuda") and, with
     `scaling`, the throughput curves with k = 1 and k = 2 PS shards. No case starts once `max_s`
     have passed (a check with a time budget); those left out are named under "skipped"."""
@@ -327,7 +390,7 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     runs = artifacts / time.strftime("%Y%m%dT%H%M%S")
     started_s = time.monotonic()
     cases, skipped = [], []
-    for case in GPU_CASES if device == "cuda" else CPU_CASES:
+    for case in (GPU_CASES if device == "cuda" else CPU_CASES) if "overhead" in parts else ():
         if time.monotonic() - started_s >= max_s:
             skipped.append(case.label)
             continue
@@ -342,7 +405,9 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
     if skipped:
         result["skipped"] = skipped
-    if scaling:
+    if scaling and "gpus" in parts:
+        result["inside_an_instance"] = scaling_inside_an_instance(runs, window_s=3.0 if quick else 10.0)
+    if scaling and "workers" in parts:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
         curves = {}
         for k in (1, 2):
@@ -361,16 +426,18 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
     return result
 
 
-def run_bench(quick: bool) -> dict:
+def run_bench(quick: bool, part: str | None = None) -> dict:
     import torch
 
-    return run_runtime_bench("cuda" if torch.cuda.is_available() else "cpu", quick)
+    return run_runtime_bench("cuda" if torch.cuda.is_available() else "cpu", quick, parts=(part,) if part else PARTS)
 
 
 def format_table(result: dict) -> str:
-    lines = [f"overhead on {result['device']}: one runtime worker against a plain loop (median step times)",
-             "  case | plain samples/s | runtime samples/s | ratio | of link bound | compute / plain step | "
-             "bus copies s | push+pull s | GB/s (loopback GB/s) | PS apply ms/MB"]
+    lines = []
+    if result["cases"]:
+        lines += [f"overhead on {result['device']}: one runtime worker against a plain loop (median step times)",
+                  "  case | plain samples/s | runtime samples/s | ratio | of link bound | compute / plain step | "
+                  "bus copies s | push+pull s | GB/s (loopback GB/s) | PS apply ms/MB"]
     for c in result["cases"]:
         lines.append(
             f"  {c['case']} ({c['vector_mb']:.1f} MB) | {c['plain_samples_per_s']:.2f} | {c['runtime_samples_per_s']:.2f} | "
@@ -385,4 +452,15 @@ def format_table(result: dict) -> str:
         for n in result["throughput_by_workers"]["1"]:
             lines.append(f"  {n:>7}  " + "  ".join(f"{curve[n]:15.1f}" for curve in result["throughput_by_workers"].values()))
         lines.append(f"plot: {result['plot']}")
+    if "inside_an_instance" in result:
+        s = result["inside_an_instance"]
+        lines.append(f"scaling inside an instance ({s['workload']}, {s['vector_mb']:.3f} MB, batch {s['batch_per_gpu']} "
+                     f"per GPU, replicas on the CPU; PCIe {s['pcie_mbytes_per_s']:g} MB/s):")
+        lines.append("  compute | GPUs | samples/s | over 1 GPU | over g | sum s (median) | PCIe bound s")
+        for r in s["rows"]:
+            compute = f"padded to {s['reference_compute_s']:g} s" if r["padded"] else "host, unpadded"
+            sum_s = "-" if r["intra_sum_s"] is None else f"{r['intra_sum_s']:.5f}"
+            bound_s = "-" if r["pcie_bound_s"] is None else f"{r['pcie_bound_s']:.6f}"
+            lines.append(f"  {compute} | {r['gpus']} | {r['samples_per_s']:.1f} | {r['over_one_gpu']:.2f} | "
+                         f"{r['over_one_gpu'] / r['gpus']:.2f} | {sum_s} | {bound_s}")
     return "\n".join(lines)

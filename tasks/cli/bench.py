@@ -26,7 +26,8 @@ BENCHES = {
 BENCH_OPTIONS = {"online_rate": ("--online-rate", "filling", "online_rates"),
                  "instance_type": ("--instance-type", "filling", "instance_type"),
                  "bubble_scale": ("--bubble-scale", "filling", "bubble_scale"),
-                 "training_batch": ("--training-batch", "filling", "training_batch")}
+                 "training_batch": ("--training-batch", "filling", "training_batch"),
+                 "part": ("--part", "runtime", "part")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--training-batch", type=batch_size, metavar="N",
                    help="filling only: the training job's batch (default 16 on CPU, where the "
                         "compute phase is shorter than the bubble as on a GPU; 128 on CUDA)")
+    p.add_argument("--part", choices=("overhead", "workers", "gpus"),
+                   help="runtime only: one part (the overhead cases, throughput against workers, or "
+                        "scaling inside a multi-GPU instance)")
     p.set_defaults(handler=_run)
 
 

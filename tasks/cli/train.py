@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", required=True, help="resnet20..resnet110[-cifar100], transformer-lm, or module:function")
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=counts, required=True, help="TYPE=N,... spot workers to launch")
-    p.add_argument("--batch-size", type=cli_args.batch_size, required=True, help="per worker")
+    p.add_argument("--batch-size", type=cli_args.batch_size, required=True,
+                   help="per GPU: a type with g GPUs trains g replicas and pushes g x this per iteration")
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
@@ -126,7 +127,7 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict)
                            async_rule=args.async_rule)
     try:
         for instance_type, n in args.workers.items():
-            driver.add_workers(run, instance_type, n, args.batch_size)
+            driver.add_workers(run, instance_type, n, args.batch_size * provider.types[instance_type].gpus)
         if args.trace:
             provider.replay_trace(run_id, args.trace, args.trace_time_scale or TRACE_TIME_SCALE,
                                   NOTICE_S if args.notice_s is None else args.notice_s)
@@ -161,7 +162,7 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict)
         "run_id": run_id, "run_dir": str(run.run_dir), "stopped": stopped,
         "updates": final.updates_total, "samples": final.samples_total, "smoothed_loss": final.smoothed_loss,
         "elapsed_s": time.monotonic() - started_s, "resumes": final.resumes,
-        "workers": {str(w): {"instance_type": s.instance_type, "updates": s.updates, "samples": s.samples,
+        "workers": {str(w): {"instance_type": s.instance_type, "gpus": s.gpus, "updates": s.updates, "samples": s.samples,
                              "max_staleness": s.max_staleness, "left": s.left} for w, s in final.workers.items()},
     }
     if args.json:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.core.errors import UserInputError
 from tasks.core.inputs import loads_json, read_text
@@ -68,6 +68,17 @@ class InstanceProfile(BaseModel):
     quota: int = Field(ge=0)
     # on-demand workers of this type a plan may use (docs/planner.md, on-demand offers)
     on_demand_quota: int = Field(default=0, ge=0)
+    # Eq. 10, the memory fit: the largest batch one GPU of this type holds (null: not measured)
+    max_batch_per_gpu: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _batch_fits_one_gpu(self) -> "InstanceProfile":
+        """Each GPU trains its own replica at batch_per_gpu (a multi-GPU worker's replicas do not
+        share memory): a batch above the memory fit would run out of memory on the instance."""
+        if self.max_batch_per_gpu is not None and self.batch_per_gpu > self.max_batch_per_gpu:
+            raise ValueError(f"{self.type}: batch_per_gpu {self.batch_per_gpu} does not fit one GPU's memory; "
+                             f"the memory fit (max_batch_per_gpu) admits at most {self.max_batch_per_gpu}")
+        return self
 
     @field_validator("type")
     @classmethod

@@ -202,12 +202,33 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
         "orchestration_overhead_s": total_s - stage_seconds.get("train", 0.0),
         "timeline": [{"t_s": e.t_s, "kind": e.kind, **e.detail} for e in session.timeline],
         "report_dir": str(run_dir), "timeline_png": str(timeline_png),
+        "trained_workers": trained_workers(session),
     }
     summary = finite_or_none(summary)
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", report_markdown(summary))
     _prefect_artifacts(summary)
     return summary
+
+
+def trained_workers(session: TrainingSession) -> list[dict]:
+    """Each worker as the PS saw it (one per instance) with its GPUs: a multi-GPU instance trains
+    one replica per GPU (docs/runtime.md)."""
+    if session.run is None:
+        return []
+    return [{"worker": w, "instance_type": s.instance_type, "gpus": s.gpus, "updates": s.updates,
+             "samples": s.samples, "left": s.left} for w, s in sorted(session.run.progress().workers.items())]
+
+
+def workers_markdown(summary: dict) -> list[str]:
+    workers = summary.get("trained_workers") or []
+    if not workers:
+        return []
+    lines = ["", "## Workers (one per instance; a replica per GPU)", "",
+             "| worker | type | GPUs (replicas) | updates | samples | left |", "|---|---|---|---|---|---|"]
+    lines += [f"| {w['worker']} | {w['instance_type']} | {w['gpus']} | {w['updates']} | {w['samples']} | "
+              f"{w['left'] or '-'} |" for w in workers]
+    return lines
 
 
 def report_markdown(summary: dict, image_src: str | None = None) -> str:
@@ -221,6 +242,7 @@ def report_markdown(summary: dict, image_src: str | None = None) -> str:
         c = "-" if r["predicted_cost_usd"] is None else f"{r['predicted_cost_usd']:.4f}"
         lines.append(f"| {r['name']} | {inst} | {t} | {c} | {r['status']} |")
     lines += on_demand_markdown(summary)
+    lines += workers_markdown(summary)
     lines += ["", *timeline_lines(summary["timeline"])]
     lines += ["", "## Stages (wall seconds)", "", "| stage | s |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in summary["stage_seconds"].items()]

@@ -29,7 +29,8 @@ from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, Typ
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
 BAND_TOP = 0.35  # the band starts where the loss has covered 65% of its fall (above: the warm-up knee)
 BAND_MARGIN = 0.03  # ...and ends this share of the fall above the highest cluster's lowest loss
-LOCAL_PCIE_MBPS = 1e6  # the local provider does not emulate PCIe: its term is negligible
+# Bpcie when no multi-GPU type was measured (pcie_bandwidth): its term is then negligible
+LOCAL_PCIE_MBPS = 1e6
 
 
 class FitQuality(BaseModel):
@@ -439,12 +440,22 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
 # ---------------------------------------------------------------- the whole profile
 
 
+def pcie_bandwidth(measurements: Sequence[TypeMeasurement]) -> float:
+    """Bpcie (MB/s) as the multi-GPU types trained: each sums g gradients of S MB over its PCIe in
+    `intra_sum_s`, the model's 2 g S / Bpcie; the median over those types (the model has one
+    Bpcie). LOCAL_PCIE_MBPS when no multi-GPU type was measured."""
+    rates = [2 * m.gpus * m.param_mb / m.intra_sum_s for m in measurements
+             if m.gpus > 1 and m.intra_sum_s is not None and m.intra_sum_s > 0]
+    return float(np.median(rates)) if rates else LOCAL_PCIE_MBPS
+
+
 def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_measurements: Sequence[ClusterMeasurement],
-                *, quotas: dict[str, int] | None = None, default_quota: int = 8, pcie_bandwidth_mbps: float = LOCAL_PCIE_MBPS,
+                *, quotas: dict[str, int] | None = None, default_quota: int = 8, pcie_bandwidth_mbps: float | None = None,
                 num_ps: int = 1, max_nfev: int | None = None, extra: dict | None = None) -> FittedProfile:
     """A contract profile (docs/formats.md) from single-type and cluster measurements, in the
     form of the model (choose_form) that predicts held-out clusters best, with that form's
-    held-out error spread as the profile's `uncertainty`."""
+    held-out error spread as the profile's `uncertainty`. Bpcie: `pcie_bandwidth_mbps`, else as the
+    multi-GPU types trained (pcie_bandwidth)."""
     if not measurements:
         raise ProfilingError("no instance types were profiled")
     sizes = {m.param_mb for m in measurements}
@@ -452,6 +463,7 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
         raise ProfilingError(f"the types disagree on the parameter size ({sorted(sizes)} MB): not one workload")
     param_mb = measurements[0].param_mb
     breq = float(np.mean([m.required_bandwidth_mbps for m in measurements]))
+    pcie_bandwidth_mbps = pcie_bandwidth_mbps or pcie_bandwidth(measurements)
     by_type = {m.type: m for m in measurements}
     bps_values = {c.ps_bandwidth_mbps for c in cluster_measurements}
     if len(bps_values) != 1:

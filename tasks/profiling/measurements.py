@@ -40,10 +40,11 @@ class TypeMeasurement(BaseModel):
     gpus: int
     batch_per_gpu: int
     compute_time_s: float  # Tcomp of the instance at gpus * batch_per_gpu (median of steady steps)
-    comm_time_s: float  # push + pull alone (median)
+    comm_time_s: float  # push + pull alone (median), a multi-GPU type's intra-instance sum included
+    intra_sum_s: float | None = None  # a multi-GPU type's sum of its replicas' gradients (median; None: one GPU)
     iteration_time_s: float  # compute + comm alone
     param_mb: float  # S: bytes pushed (and pulled) per iteration / 1e6
-    required_bandwidth_mbps: float  # Breq = 2 S / comm alone
+    required_bandwidth_mbps: float  # Breq = 2 S / (comm alone - intra_sum_s): the PS link's part
     spot_price: float
     on_demand_price: float
     gpu_memory_gb: float

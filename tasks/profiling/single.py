@@ -1,7 +1,8 @@
 """Single-instance profiling: one worker of a type alone with the PS for about 30 iterations.
 
-Measures compute time per iteration, push+pull time alone (hence Breq = 2 S / comm), the
-parameter size S from the workload's flat parameter vector, and peak memory against batch size
+Measures compute time per iteration, push+pull time alone (hence Breq = 2 S / comm), a
+multi-GPU type's intra-instance sum per iteration (taken out of comm for Breq; the fit estimates
+the PCIe bandwidth from it), the parameter size S from the workload's flat parameter vector, and peak memory against batch size
 for Eq. 10 (tasks.profiling.memory).
 """
 from __future__ import annotations
@@ -55,6 +56,12 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
         raise ProfilingError(f"{instance_type}: only {len(comms)} steady iterations measured; too few to fit")
     compute_s = statistics.median(u["compute_s"] for u in steady)
     comm_s = statistics.median(comms)
+    sums = [u["intra_sum_s"] for u in steady if u.get("intra_sum_s") is not None]
+    intra_sum_s = statistics.median(sums) if sums else None
+    link_s = comm_s - (intra_sum_s or 0.0)  # the PS link's part of the communication
+    if link_s <= 0:
+        raise ProfilingError(f"{instance_type}: the intra-instance sum ({intra_sum_s:.4f} s) took as long as the "
+                             f"whole communication ({comm_s:.4f} s); too noisy to fit")
     size_mb = param_mb(workload, workload_options)
 
     device, points = measure_memory(workload, workload_options, memory_batches, memory_device)
@@ -64,11 +71,13 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
     per_gpu_gb = gpu_memory_gb / gpus if gpus else 0.0
     return TypeMeasurement(
         type=instance_type, gpus=gpus, batch_per_gpu=batch_per_gpu, compute_time_s=compute_s, comm_time_s=comm_s,
-        iteration_time_s=compute_s + comm_s, param_mb=size_mb, required_bandwidth_mbps=2 * size_mb / comm_s,
+        intra_sum_s=intra_sum_s, iteration_time_s=compute_s + comm_s, param_mb=size_mb,
+        required_bandwidth_mbps=2 * size_mb / link_s,
         spot_price=itype.spot_usd_per_h, on_demand_price=itype.on_demand_usd_per_h, gpu_memory_gb=gpu_memory_gb,
         memory_device=device, memory_points=points, alpha2=alpha2, beta2=beta2,
         max_batch_per_gpu=max_batch_per_gpu(alpha2, beta2, per_gpu_gb) if per_gpu_gb > 0 else None,
         iterations=len(updates),
-        steps=[{"step": u["step"], "compute_s": u["compute_s"], "comm_s": u["comm_s"], "loss": u["loss"]} for u in updates],
+        steps=[{"step": u["step"], "compute_s": u["compute_s"], "comm_s": u["comm_s"],
+                "intra_sum_s": u.get("intra_sum_s"), "loss": u["loss"]} for u in updates],
         wall_s=time.monotonic() - started_s,
     )

@@ -5,8 +5,10 @@ its own process group, with its output in <artifacts>/<run-id>/logs/<instance-id
 instance type shapes it: the provider passes SPOTFILL_INSTANCE_ID, SPOTFILL_INSTANCE_TYPE,
 SPOTFILL_RELATIVE_SPEED (the worker pads its compute to it), SPOTFILL_NIC_MBPS (the type's network
 bandwidth in megabits/s times `bandwidth_scale`, which the PS shapes the worker's traffic to; bandwidth_scale=None:
-not shaped), SPOTFILL_NOTICE_FILE and, if set,
-SPOTFILL_REFERENCE_COMPUTE_S in the environment.
+not shaped), SPOTFILL_GPUS (the type's GPUs: the worker runs that many replicas on the CPU, an
+emulated multi-GPU instance), SPOTFILL_PCIE_MBPS (the profile's PCIe bandwidth times
+`bandwidth_scale`, in megabits/s, which the replicas' gradient sum is paced to), SPOTFILL_NOTICE_FILE
+and, if set, SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 
 The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
@@ -73,6 +75,12 @@ def default_types(profile_path: Path = DEFAULT_PROFILE) -> tuple[list[InstanceTy
     return types, {name: value / fastest for name, value in throughput.items()}
 
 
+def default_pcie_mbytes_per_s(profile_path: Path = DEFAULT_PROFILE) -> float:
+    """The shipped profile's PCIe bandwidth (MB/s), which the local provider emulates inside a
+    multi-GPU instance."""
+    return float(json.loads(profile_path.read_text())["pcie_bandwidth_mbps"])
+
+
 def _proc_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks (tells a reused pid apart); None if gone/zombie."""
     try:
@@ -126,6 +134,7 @@ class LocalProvider(Provider):
         bandwidth_scale: float | None = 1.0,
         reference_compute_s: float | None = None,
         terminate_grace_s: float = 10.0,
+        pcie_mbytes_per_s: float | None = None,
     ):
         if types is None:
             types, default_speed = default_types()
@@ -134,6 +143,7 @@ class LocalProvider(Provider):
         self.relative_speed = relative_speed or {t.name: 1.0 for t in types}
         self.artifacts_dir = Path(artifacts_dir).resolve()  # the instances run in the repository folder
         self.bandwidth_scale = bandwidth_scale
+        self.pcie_mbytes_per_s = pcie_mbytes_per_s or default_pcie_mbytes_per_s()
         self.reference_compute_s = reference_compute_s
         self.terminate_grace_s = terminate_grace_s
         self.capacity: dict[str, int] = {}  # type -> instances the emulated market has now (traces)
@@ -260,9 +270,12 @@ class LocalProvider(Provider):
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
             "SPOTFILL_NOTICE_FILE": str(notice_file),
             "SPOTFILL_WATCH_PID": str(os.getpid()),
+            "SPOTFILL_GPUS": str(itype.gpus),
         }
         if self.bandwidth_scale is not None:
             env["SPOTFILL_NIC_MBPS"] = repr(self.nic_mbps(instance_type))
+            # the worker paces its replicas' sum in megabits/s; the profile's PCIe is in megabytes/s
+            env["SPOTFILL_PCIE_MBPS"] = repr(8.0 * self.pcie_mbytes_per_s * self.bandwidth_scale)
         if self.reference_compute_s:
             env["SPOTFILL_REFERENCE_COMPUTE_S"] = repr(self.reference_compute_s)
         argv = [sys.executable if a == "python" else a for a in startup.argv]

@@ -23,6 +23,7 @@ from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime.cuts import shard_dir
 from tasks.runtime.ps import ERROR_FILE, READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
+from tasks.runtime.worker import check_one_gpu_device
 from tasks.runtime.workloads import check_workload
 
 
@@ -156,7 +157,11 @@ def worker_startup(run: TrainingRun, batch_size: int, extra_args: tuple[str, ...
 
 def add_workers(run: TrainingRun, instance_type: str, count: int, batch_size: int, *, plan_id: str = "p0",
                 extra_args: tuple[str, ...] = ()) -> LaunchResult:
-    """Launch `count` spot workers of a type; (plan_id, type) makes the launch idempotent."""
+    """Launch `count` spot workers of a type; (plan_id, type) makes the launch idempotent.
+    `batch_size` is the instance's: a type with g GPUs trains g replicas at batch_size / g."""
+    gpus = next((t.gpus for t in run.provider.list_types() if t.name == instance_type), 1)
+    if "--device" in extra_args:  # a multi-GPU worker given one GPU: refused here, not by each process
+        check_one_gpu_device(extra_args[extra_args.index("--device") + 1], gpus)
     return run.provider.launch(run.run_id, plan_id, instance_type, count, role="worker", market="spot",
                                startup=worker_startup(run, batch_size, extra_args))
 

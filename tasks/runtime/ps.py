@@ -230,7 +230,9 @@ class ParameterServer:
 
     def apply(self, worker_id: int, instance_type: str, header: torch.Tensor, push: torch.Tensor, batch_size: int) -> bool:
         """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
-        _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch = header.tolist()
+        values = header.tolist()
+        _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch = values[:wire.INTRA_SUM_S]
+        intra_sum_s = values[wire.INTRA_SUM_S] if len(values) > wire.INTRA_SUM_S else -1.0  # a one-GPU header of old
         with self.lock:
             if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
                 return False
@@ -258,6 +260,7 @@ class ParameterServer:
             self.telemetry.write(
                 "update", worker=worker_id, instance_type=instance_type, step=int(step), samples=int(samples),
                 loss=loss, compute_s=compute_s, comm_s=comm_s if comm_s >= 0 else None,
+                intra_sum_s=intra_sum_s if intra_sum_s >= 0 else None,
                 base_version=int(base_version), version=self.version, staleness=staleness, lr=lr,
                 samples_total=self.samples_total, updates_total=self.updates_total,
                 apply_ms=1e3 * apply_s, apply_ms_per_mb=1e3 * apply_s / (self.flat_size * 4 / 1e6),
@@ -317,7 +320,7 @@ class ParameterServer:
         if self.sharded:
             self.epochs.joined(worker_id)
         self.telemetry.write("join", worker=worker_id, instance_type=instance_type, instance_id=desc.get("instance_id"),
-                             batch_size=desc["batch_size"], nic_mbps=desc.get("nic_mbps"))
+                             batch_size=desc["batch_size"], gpus=desc.get("gpus", 1), nic_mbps=desc.get("nic_mbps"))
         header = wire.new_header()
         push = torch.empty(self.flat_size)
         nbytes = push.numel() * push.element_size()

@@ -52,10 +52,14 @@ class Pusher:
 
     `threaded` (default: on CUDA) sends from `host_push` through the sender thread, which copies
     each piece there first; otherwise the hooks send straight from the push vector (CPU:
-    `host_push` is the push vector)."""
+    `host_push` is the push vector).
+
+    `overlap=False` sends nothing during backward: a multi-GPU worker's push is the sum of its
+    replicas' gradients (replicas.py), complete only after that sum; `compute_done()` then comes
+    after it."""
 
     def __init__(self, bound: FlatModel, ranges: list[tuple[int, int]], host_push: torch.Tensor, piece_numel: int,
-                 threaded: bool | None = None):
+                 threaded: bool | None = None, overlap: bool = True):
         params, param_numel = synced_tensors(bound.model)[0], bound.layout.param_numel
         self.push, self.host_push = bound.push, host_push
         self.on_cuda = self.push.device.type == "cuda"
@@ -76,7 +80,7 @@ class Pusher:
             for j in inside:
                 self._waits_for[j] += 1
             param.register_post_accumulate_grad_hook(self._hook(index))
-        self.early: bool | None = None  # None until the first push has shown whether it is safe
+        self.early: bool | None = None if overlap else False  # None until the first push has shown whether it is safe
         self._armed = False
         self._accumulated: dict[int, int] = {}
         self.dropped = False  # this push sent a piece early that took a later contribution

@@ -5,11 +5,13 @@ Every record has `t` (epoch seconds) and `kind`:
 - `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
   iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
   instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker;
-  null on its first), base_version (the
+  null on its first), intra_sum_s (a multi-GPU worker's sum of its replicas' gradients this
+  iteration, inside comm_s; null for one GPU), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update), apply_ms and apply_ms_per_mb (the PS's optimizer step for it).
-- `join` / `leave`: a worker's membership. `leave` has reason: "notice", "stop", "terminated", "rejoin",
+- `join` / `leave`: a worker's membership (`join` has batch_size, the instance's samples per
+  iteration, and gpus, its replicas). `leave` has reason: "notice", "stop", "terminated", "rejoin",
   "lost" (the connection broke: the worker died), "ps_stop", "ps_failed" (its handler failed the PS); a reader marks workers still
   connected at a `resume` as left with "ps_restart".
 - `checkpoint`: version, samples_total, path, epoch (a sharded PS's cut; null otherwise). `resume`: the PS restarted from a checkpoint
@@ -59,6 +61,7 @@ class TelemetryWriter:
 @dataclass
 class WorkerStats:
     instance_type: str = ""
+    gpus: int = 1  # its replicas, one per GPU (replicas.py)
     updates: int = 0
     samples: int = 0
     last_step_s: float | None = None  # compute_s + comm_s of its latest reported iteration
@@ -131,7 +134,7 @@ class TelemetryReader:
             if r["comm_s"] is not None:
                 w.last_step_s = r["compute_s"] + r["comm_s"]
         elif kind == "join":
-            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"]))
+            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"], gpus=r.get("gpus", 1)))
         elif kind == "leave":
             p.workers.setdefault(r["worker"], WorkerStats()).left = r["reason"]
         elif kind == "resume":

@@ -8,6 +8,10 @@ Emulated instance speed: the worker measures the real compute time of each itera
 reference is given: an instance type with relative speed 0.5 computes half as fast as the
 reference. Compute that is already slower than the target is not padded.
 
+Multi-GPU instances (`--gpus G`, the local provider passes SPOTFILL_GPUS): G replicas, one per
+GPU, each at batch_size / G, summing their gradients inside the instance before one push
+(replicas.py); each replica pads its own step as above.
+
 Leaving: when the notice file appears (a revocation notice) or on SIGTERM/SIGINT, the worker
 finishes its current iteration (its gradient is pushed and counted), tells the PS it leaves, and
 exits 0. When the PS connection breaks, it rejoins under a fresh id for up to
@@ -17,7 +21,8 @@ input is one line on stderr and exit 2.
 Run: python -m tasks.runtime.worker --ps HOST:PORT --workload W --batch-size B [options]
 The local provider passes instance facts in the environment: SPOTFILL_INSTANCE_ID,
 SPOTFILL_INSTANCE_TYPE, SPOTFILL_RELATIVE_SPEED, SPOTFILL_NIC_MBPS, SPOTFILL_NOTICE_FILE,
-SPOTFILL_REFERENCE_COMPUTE_S, SPOTFILL_WATCH_PID (options given on the command line win).
+SPOTFILL_REFERENCE_COMPUTE_S, SPOTFILL_WATCH_PID, SPOTFILL_GPUS, SPOTFILL_PCIE_MBPS (options given on
+the command line win).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import PIECE_MB, piece_numel_for
 from tasks.runtime.pull import Puller
 from tasks.runtime.push import Pusher
+from tasks.runtime.replicas import Replicas
 from tasks.runtime.wire import LinkLost
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
@@ -71,6 +77,8 @@ class WorkerConfig:
     watch_pid: int | None = None  # leave when this process (the local orchestrator) is gone
     more_ps: list[tuple[str, int]] = field(default_factory=list)  # shards 1..k-1 of a sharded PS
     piece_mb: float = PIECE_MB  # the push and the pull move in pieces of this size, overlapping backward and forward
+    gpus: int = 1  # replicas, one per GPU, splitting batch_size (replicas.py)
+    pcie_mbps: float | None = None  # the emulated intra-instance link the replicas' sum is paced to
 
 
 @dataclass
@@ -120,7 +128,7 @@ class Shards:
         # each shard shapes its share of this worker's NIC: the transfers to all shards run at once
         nic_mbps = config.nic_mbps / len(addresses) if config.nic_mbps else None
         description = {"instance_id": config.instance_id, "instance_type": config.instance_type,
-                       "batch_size": config.batch_size, "nic_mbps": nic_mbps, "pid": os.getpid(),
+                       "batch_size": config.batch_size, "gpus": config.gpus, "nic_mbps": nic_mbps, "pid": os.getpid(),
                        "piece_numel": piece_numel_for(config.piece_mb)}
         self.links: list[wire.Link] = []
         try:
@@ -234,21 +242,87 @@ def prefetched(items, prepare: Callable, depth: int = 2):
         closed.set()
 
 
+def check_one_gpu_device(device: str, gpus: int) -> None:
+    """A device naming one GPU (cuda:N) is for a one-GPU worker only."""
+    if gpus > 1 and ":" in device:
+        raise UserInputError(f"--device {device} names one GPU, but the instance has {gpus}: a multi-GPU worker "
+                             f"trains on cuda:0..cuda:{gpus - 1} (give --device cuda or auto)")
+
+
+def replica_devices(device: torch.device, gpus: int) -> list[torch.device]:
+    """One device per replica: cuda:0..G-1 on CUDA, the CPU for every replica of an emulated
+    instance."""
+    check_one_gpu_device(str(device), gpus)
+    if device.type != "cuda":
+        return [device] * gpus
+    if gpus > torch.cuda.device_count():
+        raise UserInputError(f"the instance has {gpus} GPUs but torch sees {torch.cuda.device_count()}")
+    return [torch.device("cuda", i) for i in range(gpus)] if gpus > 1 else [device]
+
+
+def check_gpus(batch_size: int, gpus: int) -> int:
+    """The batch per GPU: the instance's batch split evenly over its replicas."""
+    if gpus <= 0:
+        raise UserInputError(f"GPUs per instance must be positive, got {gpus}")
+    if batch_size % gpus:
+        raise UserInputError(f"batch size {batch_size} does not split over {gpus} GPUs: give a multiple of {gpus}")
+    return batch_size // gpus
+
+
+def pad_to_speed(t0: float, config: WorkerConfig) -> None:
+    """Sleep until the step begun at `t0` has taken the emulated type's compute time."""
+    real_s = time.monotonic() - t0
+    target_s = (config.reference_compute_s or real_s) / config.relative_speed
+    if target_s > real_s:
+        time.sleep(target_s - real_s)
+
+
+def replica_builder(config: WorkerConfig, devices: list[torch.device], batch_per_gpu: int, seed: int):
+    """`build(rank)` for replicas 1..G-1 (replicas.py): its own model on its device and its own
+    batches; `step()` computes one padded forward/backward into the push vector."""
+
+    def build(rank: int):
+        workload = build_workload(config.workload, config.workload_options)
+        model = workload.model.to(devices[rank])
+        model.train()
+        bound = flat.bind(model)
+        batches = device_batches(workload.batches(batch_per_gpu, seed + rank), devices[rank])
+
+        def step() -> float:
+            t0 = time.monotonic()
+            inputs, targets = next(batches)
+            loss = workload.loss_fn(model(inputs), targets)
+            bound.zero_grad()
+            loss.backward()
+            bound.fill_push_buffers()
+            loss_value = loss.item()
+            pad_to_speed(t0, config)
+            return loss_value
+
+        return bound, step
+
+    return build
+
+
 def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
     """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
     vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
     CUDA each crosses the bus once, through a pinned host copy. The push leaves in pieces during
-    backward (push.py); the pull lands in pieces during forward (pull.py)."""
+    backward (push.py); the pull lands in pieces during forward (pull.py). With `gpus` > 1 this
+    loop is replica 0 of the instance's replicas (replicas.py): the pull lands whole and is handed
+    to every replica, and the push leaves once their gradients are summed."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
         raise UserInputError(f"relative speed must be positive, got {config.relative_speed}")
     if config.piece_mb <= 0:
         raise UserInputError(f"piece size must be positive, got {config.piece_mb} MB")
+    batch_per_gpu = check_gpus(config.batch_size, config.gpus)
+    devices = replica_devices(torch.device(config.device), config.gpus)
     listener = listener or NoListener()
     leave_flag = leave_flag or _LeaveFlag()
     workload = build_workload(config.workload, config.workload_options)
-    device = torch.device(config.device)
+    device = devices[0]
     model = workload.model.to(device)
     model.train()
     flat_model = flat.bind(model)
@@ -257,7 +331,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
     host_state = torch.empty(flat_model.layout.numel, pin_memory=True) if on_cuda else flat_model.state
     host_push = torch.empty(flat_model.layout.numel, pin_memory=True) if on_cuda else flat_model.push
     seed = config.seed if config.seed is not None else zlib.crc32(f"{config.instance_id}:{os.getpid()}".encode())
-    batches = device_batches(workload.batches(config.batch_size, seed), device)
+    batches = device_batches(workload.batches(batch_per_gpu, seed), device)
     numel = flat_model.layout.numel
     try:
         shards = Shards(config, numel, config.connect_timeout_s)
@@ -267,7 +341,12 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
             f"within {config.connect_timeout_s:g} s ({str(err).splitlines()[0][:120]})"
         ) from None
 
-    pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.piece_mb))
+    replicas = None
+    if config.gpus > 1:
+        replicas = Replicas(config.gpus, devices, numel, config.pcie_mbps,
+                            config.op_timeout_s + config.reconnect_timeout_s,
+                            replica_builder(config, devices, batch_per_gpu, seed))
+    pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.piece_mb), overlap=replicas is None)
     puller = Puller(flat_model, shards.ranges, host_state, piece_numel_for(config.piece_mb))
 
     try:
@@ -293,6 +372,9 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
 
                 listener.compute_start(step)
                 t0 = time.monotonic()
+                if replicas is not None:  # the pull, received once, to every replica
+                    puller.land_all()
+                    replicas.hand_out(flat_model.state)
                 with _link_errors():
                     pusher.start(shards.links, shards.headers([wire.PUSH, step, config.batch_size]))
                 try:
@@ -306,20 +388,22 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 flat_model.zero_grad()
                 loss.backward()
                 flat_model.fill_push_buffers()
-                pusher.compute_done()
+                if replicas is None:
+                    pusher.compute_done()
                 loss_value = loss.item()
-                real_s = time.monotonic() - t0
-                target_s = (config.reference_compute_s or real_s) / config.relative_speed
-                if target_s > real_s:
-                    time.sleep(target_s - real_s)
+                pad_to_speed(t0, config)
                 compute_s = time.monotonic() - t0
                 listener.compute_end(step)
 
                 listener.comm_start(step)
                 t1 = time.monotonic()
+                intra_sum_s = -1.0
+                if replicas is not None:  # the instance's gradient: its replicas' summed, then pushed once
+                    loss_value, intra_sum_s = replicas.sum(flat_model.push, loss_value)
+                    pusher.compute_done()
                 with _link_errors():
                     pusher.finish(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s,
-                                                  wire.DROPPED if pusher.dropped else 0.0]))
+                                                  wire.DROPPED if pusher.dropped else 0.0, 0, 0, intra_sum_s]))
                 more = shards.receive(puller)
                 if shards.replies[0][3].item() == 1.0:
                     samples_accepted += config.batch_size
@@ -350,6 +434,8 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 need_pull = True
                 comm_s = -1.0
     finally:
+        if replicas is not None:
+            replicas.close()
         pusher.close()
         puller.close()
 
@@ -381,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-compute-s", type=arg_type(limits.duration_s),
                    default=os.environ.get("SPOTFILL_REFERENCE_COMPUTE_S") or None)
     p.add_argument("--nic-mbps", type=arg_type(limits.mbps), default=os.environ.get("SPOTFILL_NIC_MBPS") or None)
+    p.add_argument("--gpus", type=positive_int, default=os.environ.get("SPOTFILL_GPUS") or None,
+                   help="replicas, one per GPU, splitting --batch-size (default: the GPUs torch sees, 1 on CPU)")
+    p.add_argument("--pcie-mbps", type=arg_type(limits.mbps), default=os.environ.get("SPOTFILL_PCIE_MBPS") or None,
+                   help="pace the replicas' gradient sum to this intra-instance link (megabits/s)")
     p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
@@ -425,9 +515,12 @@ def fill_stream_scope(filler, device: str):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    gpus = args.gpus or (torch.cuda.device_count() if args.device in ("auto", "cuda") else 1) or 1
+    # auto: CUDA when torch sees a GPU for every replica; an emulated instance's replicas on the CPU otherwise
+    device = ("cuda" if 0 < gpus <= torch.cuda.device_count() else "cpu") if args.device == "auto" else args.device
     leave_flag = _LeaveFlag()
     try:
+        check_one_gpu_device(device, gpus)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserInputError(f"--device {device}: torch sees no CUDA device")
         (host, port), *more_ps = parse_addresses(args.ps)
@@ -440,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
-            piece_mb=args.piece_mb,
+            piece_mb=args.piece_mb, gpus=gpus, pcie_mbps=args.pcie_mbps,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)

@@ -46,6 +46,11 @@ def test_shipped_profile_loads():
         (lambda d: d["instances"][0].update(type="p3.2xlarge@us-east-1"), "must be 1-100 ASCII letters, digits"),
         (lambda d: d["instances"][0].update(type="P3.2XLARGE") or d["instances"].append(shipped()["instances"][0]),
          "duplicate instance type 'p3.2xlarge'"),
+        # each GPU holds a replica at batch_per_gpu: above the memory fit it runs out of memory
+        (lambda d: d["instances"][3].update(max_batch_per_gpu=256),
+         "instances.3: Value error, g3.16xlarge: batch_per_gpu 512 does not fit one GPU's memory; "
+         "the memory fit (max_batch_per_gpu) admits at most 256"),
+        (lambda d: d["instances"][3].update(max_batch_per_gpu=0), "instances.3.max_batch_per_gpu"),
     ],
 )
 def test_bad_profile_field_is_named(mutate, expected):

@@ -411,3 +411,13 @@ def test_one_field_of_the_request_is_overridden_alone_the_way_prefect_merges_par
     seconds = {(name, field): p.get("title") for name, m in models.items()
                for field, p in m.get("properties", {}).items() if field.endswith("_s") and not field.endswith("_per_s")}
     assert len(seconds) >= 7 and all(title.endswith("(s)") for title in seconds.values()), seconds
+
+
+def test_the_report_lists_each_worker_with_its_gpus():
+    from tasks.pipeline.report import workers_markdown
+
+    lines = workers_markdown({"trained_workers": [
+        {"worker": 1, "instance_type": "g3.8xlarge", "gpus": 2, "updates": 40, "samples": 1280, "left": None},
+        {"worker": 2, "instance_type": "p3.2xlarge", "gpus": 1, "updates": 9, "samples": 144, "left": "notice"}]})
+    assert "| 1 | g3.8xlarge | 2 | 40 | 1280 | - |" in lines and "| 2 | p3.2xlarge | 1 | 9 | 144 | notice |" in lines
+    assert workers_markdown({"trained_workers": []}) == []

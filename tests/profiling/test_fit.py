@@ -181,6 +181,22 @@ def test_fit_profile_gives_a_contract_profile_that_predicts_its_own_data():
     assert p.model_extra["fit_quality"]["loss-curve"]["workers"] == [2, 7]  # the sizes the curve was fitted on
 
 
+def test_the_fit_estimates_bpcie_from_the_multi_gpu_types_sums_and_takes_them_out_of_compute():
+    from tasks.profiling.fit import LOCAL_PCIE_MBPS, pcie_bandwidth
+
+    types, clusters = synthetic_measurements()
+    assert pcie_bandwidth(types) == LOCAL_PCIE_MBPS  # no sum measured
+    sum_s = 0.011
+    slow = types[1]  # 2 GPUs: its sum is part of its communication, not of the PS link
+    types[1] = slow.model_copy(update={"intra_sum_s": sum_s, "comm_time_s": slow.comm_time_s + sum_s,
+                                       "iteration_time_s": slow.iteration_time_s + sum_s})
+    assert pcie_bandwidth(types) == pytest.approx(2 * 2 * S_MB / sum_s)
+    p = fit_profile("synthetic", types, clusters).profile
+    assert p.pcie_bandwidth_mbps == pytest.approx(2 * 2 * S_MB / sum_s)
+    assert p.instance("slow").compute_time_s == pytest.approx(slow.compute_time_s)
+    assert Model.from_profile(p).iteration_times_s(np.array(1.0))[1] == pytest.approx(types[1].iteration_time_s)
+
+
 @pytest.mark.parametrize("name", ["quick", "full"])
 def test_presets_fit_multi_worker_clusters_spanning_the_validation_sizes(name):
     """One worker's updates to a target do not follow the n-shape of two and more under the

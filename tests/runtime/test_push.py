@@ -162,7 +162,7 @@ def test_the_ps_does_not_apply_a_dropped_push(tmp_path):
 
     ps = ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload="resnet20", workload_options={"width": 2}))
     before = ps.state.clone()
-    header = torch.tensor([wire.PUSH, 0, 8, 2.0, 0, 0.1, 0.05, wire.DROPPED, 0, 0], dtype=torch.float64)
+    header = torch.tensor([wire.PUSH, 0, 8, 2.0, 0, 0.1, 0.05, wire.DROPPED, 0, 0, -1], dtype=torch.float64)
     assert not ps.apply(0, "t", header, torch.ones(ps.flat_size), batch_size=8)
     assert torch.equal(ps.state, before) and (ps.version, ps.samples_total) == (0, 0)
     header[7] = 0.0
@@ -180,7 +180,7 @@ def test_a_push_whose_loss_is_not_finite_is_not_applied_and_stops_the_run_as_div
                                         shard=shard, num_shards=num_shards)) for shard in range(num_shards)]
     for ps in servers:
         before = ps.state.clone()
-        header = torch.tensor([wire.PUSH, 0, 8, loss, 0, 0.1, 0.05, 0, 0, 0], dtype=torch.float64)
+        header = torch.tensor([wire.PUSH, 0, 8, loss, 0, 0.1, 0.05, 0, 0, 0, -1], dtype=torch.float64)
         assert not ps.apply(0, "t", header, torch.ones(ps.flat_size), batch_size=8)
         assert torch.equal(ps.state, before) and (ps.version, ps.samples_total) == (0, 0)
         (record,) = [r for r in read_records(ps.dir) if r["kind"] == "diverged"]
@@ -233,6 +233,6 @@ def test_the_ps_applies_exactly_the_pieced_push(tmp_path, num_shards):
         loss = workload.loss_fn(workload.model(inputs), targets)
         bound.zero_grad()
         loss.backward()
-        header = torch.tensor([1.0, step, batch, loss.item(), step, 0.1, 0.05, 0, 0, 0], dtype=torch.float64)
+        header = torch.tensor([1.0, step, batch, loss.item(), step, 0.1, 0.05, 0, 0, 0, -1], dtype=torch.float64)
         assert reference.apply(0, "t", header, bound.fill_push_buffers().clone(), batch)
     assert torch.equal(got, reference.state)

@@ -219,7 +219,7 @@ def test_in_process_ps_and_worker_and_orchestrator_watch(tmp_path):
 
 def _apply_stale(ps: ParameterServer, base_version: int) -> float:
     """Apply one zero-gradient push computed on `base_version`; the learning rate the PS used."""
-    header = torch.tensor([1.0, 0, 8, 2.0, base_version, 0.1, 0.05, 0, 0, 0], dtype=torch.float64)
+    header = torch.tensor([1.0, 0, 8, 2.0, base_version, 0.1, 0.05, 0, 0, 0, -1], dtype=torch.float64)
     assert ps.apply(0, "t", header, torch.zeros(ps.flat_size), batch_size=8)
     return json.loads((ps.config.run_dir / "telemetry.jsonl").read_text().splitlines()[-1])["lr"]
 
