@@ -78,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="local: a spot capacity trace for a type, played from the launch at --time-scale (repeatable)")
     p.add_argument("--drought", type=type_and_seconds, action="append", default=[], metavar="TYPE=SECONDS",
                    help="local: no spot capacity of a type for SECONDS from the first revocation (repeatable)")
+    p.add_argument("--lease-s", type=cli_args.duration_s, default=None,
+                   help="seconds the run trains on with no orchestrator watching (the CLI killed, a laptop "
+                        "asleep) before it checkpoints and stops by itself (default 180)")
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
     p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
@@ -169,6 +172,7 @@ def build_request(args: argparse.Namespace):
                          "droughts_s": by_type(args.drought, "--drought")},
             "filling": {"enabled": not args.no_filling},
             "artifacts_dir": str(args.artifacts),
+            **({"lease_s": args.lease_s} if args.lease_s is not None else {}),
         }, context={"local_user": True})  # the local user may run any plug-in (tasks/pipeline/plugin_policy.py)
     except ValidationError as err:
         raise UserInputError(format_validation_error(err, "run parameters")) from None

@@ -196,7 +196,7 @@ class TrainingSession:
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
                              ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule,
-                             num_ps=self.profile.num_ps)
+                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per

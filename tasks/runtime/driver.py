@@ -20,6 +20,7 @@ from typing import Callable
 
 from tasks.core.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
+from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
 from tasks.runtime.ps import READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
@@ -38,12 +39,21 @@ class TrainingRun:
     ps_settings: dict = field(default_factory=dict)  # start_run's PS keyword arguments, for restarts
     reader: TelemetryReader | None = None
     ps_instances: list[Instance] = field(default_factory=list)  # every shard's, in shard order
+    lease_s: float | None = None  # the run's lease (lease.py); None: its processes die with this one
+    lease_renewed_s: float = 0.0  # monotonic time of the last renewal
 
     def progress(self) -> ClusterProgress:
-        """Cluster totals so far: samples, updates, smoothed loss, per-worker step times."""
+        """Cluster totals so far: samples, updates, smoothed loss, per-worker step times. Whoever
+        watches the run polls this, so it also keeps the run's lease (every lease.RENEW_EVERY_S)."""
+        self.keep_lease()
         if self.reader is None:
             self.reader = TelemetryReader(self.run_dir)
         return self.reader.poll()
+
+    def keep_lease(self) -> None:
+        if self.lease_s is not None and time.monotonic() - self.lease_renewed_s >= lease.RENEW_EVERY_S:
+            lease.renew(self.run_dir / lease.LEASE_FILE, self.lease_s)
+            self.lease_renewed_s = time.monotonic()
 
 
 def free_port() -> int:
@@ -59,16 +69,18 @@ def _option_args(options: dict) -> list[str]:
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
                max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
-               num_ps: int = 1, async_rule: str | None = None) -> Startup:
+               num_ps: int = 1, async_rule: str | None = None, leased: bool = False) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
+    if leased:
+        argv += ["--lease-file", str(run_dir / lease.LEASE_FILE)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss),
                         ("--async-rule", async_rule)):
         if value is not None:
             argv += [flag, str(value)]
-    return Startup(tuple(argv))
+    return Startup(tuple(argv), detached=leased)
 
 
 def start_run(provider: Provider, run_id: str, workload: str, *, workload_options: dict | None = None,
@@ -76,21 +88,28 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
               target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
-              num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None) -> TrainingRun:
+              num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None,
+              lease_s: float | None = None) -> TrainingRun:
     """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
     parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
-    are idempotent per plan id) and the old ports, so the workers find them again."""
+    are idempotent per plan id) and the old ports, so the workers find them again. With `lease_s`
+    the run is detached: it trains on without this process for up to `lease_s` seconds after
+    the last renewal (lease.py; progress() renews it), then stops by itself."""
     workload_options = workload_options or {}
     check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
     if num_ps <= 0:
         raise UserInputError(f"num_ps must be positive, got {num_ps}")
+    if lease_s is not None and not lease_s > 0:
+        raise UserInputError(f"lease_s must be positive, got {lease_s}")
     # absolute: the PS runs in another working directory (the local provider's is the repository)
     run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
+    if lease_s is not None:  # before the PS starts: it stops at once without a valid lease
+        lease.renew(run_dir / lease.LEASE_FILE, lease_s)
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
@@ -99,7 +118,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
-                             async_rule=async_rule)
+                             async_rule=async_rule, leased=lease_s is not None)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
         launched = provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup)
         if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
@@ -117,10 +136,10 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule)
+                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
-                       ps_instances=instances)
+                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())
 
 
 def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0, stop_timeout_s: float = 60.0) -> TrainingRun:
@@ -149,7 +168,8 @@ def worker_startup(run: TrainingRun, batch_size: int, extra_args: tuple[str, ...
     if batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {batch_size}")
     return Startup(("python", "-m", "tasks.runtime.worker", "--ps", run.ps_address, "--workload", run.workload,
-                    *_option_args(run.workload_options), "--batch-size", str(batch_size), *extra_args))
+                    *_option_args(run.workload_options), "--batch-size", str(batch_size), *extra_args),
+                   detached=run.lease_s is not None)  # a leased run's workers end with its PS
 
 
 def add_workers(run: TrainingRun, instance_type: str, count: int, batch_size: int, *, plan_id: str = "p0",

@@ -18,9 +18,10 @@ follow the consistent cuts of cuts.py; otherwise the server checkpoints atomical
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
 loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
-<run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the local
-orchestrator, killed with no chance to clean up); it then tells each worker to stop at its next
-exchange and writes a final checkpoint.
+<run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease-file, tasks/runtime/lease.py: no
+orchestrator renewed it in time), or, for a run without a lease, when the process given by
+--watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
+each worker to stop at its next exchange and writes a final checkpoint.
 
 Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
 When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
@@ -46,6 +47,7 @@ from tasks.core.atomic import atomic_write_text
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
+from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.lifetime import pid_alive
@@ -76,6 +78,7 @@ class PsConfig:
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
+    lease_file: Path | None = None  # stop when this lease lapses (lease.py); it replaces watch_pid
     shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
     num_shards: int = 1
 
@@ -366,6 +369,7 @@ class ParameterServer:
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
+        lease = LeaseWatch(c.lease_file) if c.lease_file else None
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
             while accepted < registered:
@@ -390,7 +394,9 @@ class ParameterServer:
                 last_checkpoint_s = time.monotonic()
             if stop_file.exists():
                 self.request_stop("stop_file")
-            if c.watch_pid and not pid_alive(c.watch_pid):
+            if lease is not None and lease.lapsed():
+                self.request_stop("lease_lapsed")
+            elif lease is None and c.watch_pid and not pid_alive(c.watch_pid):
                 self.stopping = self.stopping or "orchestrator_gone"
             if self._signalled:
                 self.stopping = self.stopping or self._signalled
@@ -456,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="damp each update's learning rate by (1 + staleness) ** this (default: the rule's; 0: none)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
+    p.add_argument("--lease-file", type=Path, default=None,
+                   help="stop (final checkpoint) once the run's lease in this file lapses; replaces --watch-pid")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
     p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -479,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
+            watch_pid=args.watch_pid, lease_file=args.lease_file, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)
