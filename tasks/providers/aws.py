@@ -197,8 +197,11 @@ def client_token(run_id: str, plan_id: str, instance_type: str, role: str, marke
 
 def user_data_script(startup: Startup, env: dict[str, str], watcher_argv: list[str] | None) -> str:
     """The boot script: the run's environment, the IMDS watcher in the background (spot only),
-    then the worker or PS command in the foreground. Never put a secret in Startup.env: user
-    data is readable by anyone who can describe the instance."""
+    then the worker or PS command in the foreground; when that command ends, for any reason (the
+    PS stopped at its lease's end, a worker heard the stop or lost its PS), the instance shuts
+    down, which its InstanceInitiatedShutdownBehavior turns into terminate: nothing of a run
+    bills on once its processes are done. Never put a secret in Startup.env: user data is
+    readable by anyone who can describe the instance."""
     lines = ["#!/bin/bash", "set -euo pipefail"]
     for key, value in {**env, **startup.env}.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
@@ -206,7 +209,8 @@ def user_data_script(startup: Startup, env: dict[str, str], watcher_argv: list[s
         lines.append(f"export {key}={shlex.quote(value)}")
     if watcher_argv:
         lines.append(f"nohup {shlex.join(watcher_argv)} >/var/log/spotfill-watcher.log 2>&1 &")
-    lines.append(f"exec {shlex.join(startup.argv)}")
+    lines.append("trap 'shutdown -h now' EXIT")  # also when the command fails (set -e)
+    lines.append(shlex.join(startup.argv))
     script = "\n".join(lines) + "\n"
     if len(script.encode()) > USER_DATA_MAX_BYTES:
         raise UserInputError(f"startup command and environment take {len(script.encode())} bytes; EC2 user data holds {USER_DATA_MAX_BYTES}")
