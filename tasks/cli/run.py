@@ -84,6 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
     p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.add_argument("--resume", type=cli_args.identifier, default=None, metavar="RUN_ID",
+                   help="take over a live run whose orchestrator is gone (within its lease): watch it to its end "
+                        "and report the whole run; its recorded request is used, the other options are ignored")
     p.set_defaults(handler=runtime_errors_in_one_line(run))
 
 
@@ -269,11 +272,25 @@ def run(args: argparse.Namespace) -> int:
 
     prefect_defaults()
     startup_timeout_s = startup_timeout_from_env()  # the cheap check first
-    request = build_request(args)
-    check_request(request)
+    if args.resume:
+        request = resumed_request(args.resume, Path(args.artifacts))
+    else:
+        request = build_request(args)
+        check_request(request)
     allow_local_user(request.workload)
     with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
         return _run_flow(request, args)
+
+
+def resumed_request(run_id: str, artifacts_dir):
+    """The request run `run_id` recorded, its artifacts folder made the one the run lives in
+    (the run registry knows it from any folder; else --artifacts)."""
+    from tasks.pipeline.journal import recorded_request  # deferred: prefect, scipy (start-up cost)
+    from tasks.providers.run_registry import artifacts_dir_of
+
+    artifacts = artifacts_dir_of(run_id) or artifacts_dir.resolve()
+    request = recorded_request(artifacts / run_id)
+    return request.model_copy(update={"artifacts_dir": str(artifacts)})
 
 
 def _run_flow(request, args: argparse.Namespace) -> int:
@@ -288,7 +305,7 @@ def _run_flow(request, args: argparse.Namespace) -> int:
 
     stages.PROGRESS_LISTENERS.append(show)
     try:
-        summary = train_with_slo(request)
+        summary = train_with_slo(request, resume_run_id=args.resume)
     finally:
         bar.close()
         stages.PROGRESS_LISTENERS.remove(show)

@@ -12,6 +12,7 @@ from the PS's telemetry (tasks.runtime.telemetry) while training runs.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from tasks.core.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
+from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.ps import READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
 from tasks.runtime.workloads import check_workload
@@ -140,6 +142,27 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
                        ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())
+
+
+def attach_run(provider: Provider, run_id: str, run_dir: Path, ps_address: str, ps_instance_ids: list[str],
+               workload: str, workload_options: dict, ps_settings: dict, lease_s: float | None) -> TrainingRun:
+    """Take over a leased run another orchestrator started and left (`spotfill run --resume`, a
+    Prefect retry): its PS must still run and its lease be valid; the lease is renewed at once,
+    held by this process from now on. No PS or worker is started."""
+    path = run_dir / lease.LEASE_FILE
+    owner = lease.owner_pid(path)
+    if owner is not None and owner != os.getpid() and pid_alive(owner):
+        raise UserInputError(f"run {run_id} is still watched by process {owner}; stop it first (or let it end)")
+    alive = {i.instance_id: i for i in provider.describe(run_id)}
+    shards = [alive.get(i) for i in ps_instance_ids]
+    expires_at_s = lease.expiry_s(path)
+    if lease_s is None or not all(shards) or expires_at_s is None or expires_at_s <= time.time():
+        raise UserInputError(f"run {run_id} is no longer running (its parameter server has stopped or its lease "
+                             f"lapsed): nothing to resume; its last checkpoint is in {run_dir / 'checkpoints'}")
+    run = TrainingRun(run_id, run_dir, provider, ps_address, shards[0], workload, workload_options, ps_settings,
+                      ps_instances=shards, lease_s=lease_s)
+    run.keep_lease()
+    return run
 
 
 def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0, stop_timeout_s: float = 60.0) -> TrainingRun:

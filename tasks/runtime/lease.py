@@ -7,12 +7,15 @@ end the training, and `spotfill run --resume` can take the run over. Once it lap
 a final checkpoint and stops; its workers hear the stop at their next exchange and exit, so no
 process of the run outlives its lease unattended.
 
-Locally the lease is a small JSON file in the run folder, {"lease_s", "expires_at_s"} (wall-clock
-seconds, the PS and the orchestrator share the machine's clock), rewritten atomically.
+Locally the lease is a small JSON file in the run folder, {"lease_s", "expires_at_s", "owner_pid"}
+(wall-clock seconds: the PS and the orchestrator share the machine's clock), rewritten
+atomically. Its owner is the orchestrator that renewed it last: another one takes the run over
+(driver.attach_run) only once that process is gone.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -25,20 +28,33 @@ CHECK_EVERY_S = 0.5  # how often the PS reads it
 
 
 def renew(path: Path, lease_s: float, now_s: float | None = None) -> float:
-    """Extend the lease to `lease_s` seconds from now; returns its new expiry (wall-clock s)."""
+    """Extend the lease to `lease_s` seconds from now, held by this process; returns its new
+    expiry (wall-clock s)."""
     expires_at_s = (time.time() if now_s is None else now_s) + lease_s
+    record = {"lease_s": lease_s, "expires_at_s": expires_at_s, "owner_pid": os.getpid()}
     # fsync=False: a power cut ends the run's processes too; a lease that outlives them is moot
-    atomic_write_bytes(path, json.dumps({"lease_s": lease_s, "expires_at_s": expires_at_s}).encode(), fsync=False)
+    atomic_write_bytes(path, json.dumps(record).encode(), fsync=False)
     return expires_at_s
+
+
+def _read(path: Path, key: str) -> float | None:
+    try:
+        value = json.loads(path.read_text())[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def expiry_s(path: Path) -> float | None:
     """The lease's expiry (wall-clock s), or None when there is no readable lease at `path`."""
-    try:
-        value = json.loads(path.read_text())["expires_at_s"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) else None
+    value = _read(path, "expires_at_s")
+    return None if value is None else float(value)
+
+
+def owner_pid(path: Path) -> int | None:
+    """The process that renewed the lease last (the run's orchestrator), if known."""
+    value = _read(path, "owner_pid")
+    return value if isinstance(value, int) else None
 
 
 class LeaseWatch:
