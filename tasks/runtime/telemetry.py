@@ -16,7 +16,8 @@ Every record has `t` (epoch seconds) and `kind`:
   (version, samples_total); totals continue from there: updates after that checkpoint and before
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
-- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal).
+- `stop`: the PS stopped (reason: max_updates, target_loss, diverged, stop_file, signal, lease_lapsed,
+  orchestrator_gone).
 A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
 PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
 """
