@@ -123,6 +123,10 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
     time_art = create_progress_artifact(0.0, key=f"{run_id}-deadline", description="% of the deadline spent")
     last_report = 0.0
     while True:
+        if session.restart_dead_ps():
+            journal.save(session)
+            logger.warning("the parameter server died; restarted from its newest checkpoint (%d restart(s))",
+                           session.ps_restarts)
         obs = session.observe()
         journal.append_observation(session.run_dir, obs)
         stages.notify_progress(session, obs)

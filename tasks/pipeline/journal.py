@@ -28,8 +28,8 @@ SESSION_FILE = "session.json"
 OBSERVATIONS_FILE = "observations.jsonl"
 
 # plain fields of TrainingSession copied as they are (JSON values)
-_PLAIN = ("started_s", "alternatives", "initial_loss", "replans", "revocations", "shortfalls", "on_demand_workers",
-          "last_probe_s", "replan_reason", "quota", "spot_quota", "ps_type")
+_PLAIN = ("started_s", "alternatives", "initial_loss", "replans", "revocations", "ps_restarts", "shortfalls",
+          "on_demand_workers", "last_probe_s", "replan_reason", "quota", "spot_quota", "ps_type")
 
 
 def save(session: TrainingSession) -> None:

@@ -1,12 +1,14 @@
-"""A run outlives its orchestrator: `spotfill run` killed with SIGKILL during training, the
-training goes on under its lease, and `spotfill run --resume RUN_ID` takes it over to the end with
-a report of the whole run (one PS, no duplicate worker). Real processes; every wait is on a file
-or a process, bounded by a hang guard."""
+"""A run outlives its orchestrator and its PS: `spotfill run` killed with SIGKILL during training,
+the training goes on under its lease, and `spotfill run --resume RUN_ID` takes it over to the end
+with a report of the whole run (one PS, no duplicate worker); a PS killed with SIGKILL is started
+again and the run goes on. Real processes; every wait is on a file or a process, bounded by a
+hang guard."""
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -63,4 +65,38 @@ def test_a_killed_cli_is_resumed_to_the_slo_with_the_whole_run_reported(tmp_path
     assert [r["role"] for r in rows].count("ps") == 1 and not any(r["plan_id"].startswith("replan") for r in rows)
     joins = [r for r in records(run_dir / "telemetry.jsonl") if r["kind"] == "join"]
     assert len(joins) == len([r for r in rows if r["role"] == "worker"])  # no worker joined twice
+    assert alive_pids(tmp_path) == []
+
+
+def test_a_dead_parameter_server_is_restarted_and_the_run_meets_its_slo(prefect_harness, tmp_path):
+    from flows.train_with_slo import train_with_slo
+    from tasks.pipeline.params import TrainRequest
+
+    request = TrainRequest.model_validate({
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16}, "profile": str(LOCAL_QUICK_PROFILE),
+        "slo": {"target_loss": 1.6, "deadline_s": 600}, "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]},
+        "filling": {"enabled": False}, "artifacts_dir": str(tmp_path)})
+    killed = []
+
+    def kill_the_ps_once_it_trains():
+        def ps_training():
+            tables = list(tmp_path.glob("run-*/instances.json"))
+            updates = [r for r in records(tables[0].parent / "telemetry.jsonl") if r["kind"] == "update"] if tables else []
+            return len(updates) >= 5 and json.loads(tables[0].read_text())["instances"][0]
+        ps = wait_until(ps_training, 600, "training")
+        assert ps["role"] == "ps"
+        os.kill(ps["pid"], signal.SIGKILL)
+        killed.append(ps["instance_id"])
+
+    killer = threading.Thread(target=kill_the_ps_once_it_trains, daemon=True)
+    killer.start()
+    summary = train_with_slo(request)
+    killer.join(timeout=5)
+    assert killed and summary["met"], summary["verdict"]
+    restart = next(e for e in summary["timeline"] if e["kind"] == "ps_restart")
+    assert restart["lost"] == killed and summary["ps_restarts"] == 1
+    run_dir = tmp_path / summary["run_id"]
+    rows = json.loads((run_dir / "instances.json").read_text())["instances"]
+    assert [r["plan_id"] for r in rows if r["role"] == "ps"] == ["ps", "ps-restart-1"]
+    assert not any(r["plan_id"].startswith("replan") for r in rows)  # the same workers rejoined
     assert alive_pids(tmp_path) == []
