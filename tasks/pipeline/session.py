@@ -90,6 +90,8 @@ class TrainingSession:
         self.spot_quota = {t: n for t, n in self.quota.items() if not is_on_demand(t)}  # before refusals: a probe's
         self.run = None  # tasks.runtime.driver.TrainingRun once launched
         self.ps_megabits_per_s = setup.emulation.get("ps_megabits_per_s")  # the local PS's emulated NIC (as profiled)
+        bucket = setup.aws.checkpoint_bucket if setup.aws else None  # locally the run folder is durable
+        self.durable_url = f"s3://{bucket}/{run_id}" if bucket else None
         self.started_s: float | None = None
         self.plans: list[PlanResult] = []
         self.alternatives: list[dict] = []  # the chosen plan beside the alternatives (alternatives.py)
@@ -197,7 +199,7 @@ class TrainingSession:
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
                              ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule,
-                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s)
+                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s, durable_url=self.durable_url)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per

@@ -95,6 +95,9 @@ class AwsConfig(BaseModel):
     instance_catalog_path: Path = aws_catalog.DEFAULT_INSTANCE_CATALOG_PATH
     spot_price_archive: Path | None = None  # a price archive TSV instead of the live price API
     price_window_s: float = Field(default=7 * 86400.0, gt=0)
+    # the PS copies its checkpoints to s3://BUCKET/<run-id>/ and a restarted PS starts from them
+    # (tasks/runtime/durable.py); None: they stay on the PS's disk only
+    checkpoint_bucket: str | None = None
 
     @field_validator("region")
     @classmethod

@@ -71,7 +71,8 @@ def _option_args(options: dict) -> list[str]:
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
                max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
-               num_ps: int = 1, async_rule: str | None = None, leased: bool = False) -> Startup:
+               num_ps: int = 1, async_rule: str | None = None, leased: bool = False,
+               durable_url: str | None = None) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
@@ -79,7 +80,7 @@ def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, 
         argv += ["--lease-file", str(run_dir / lease.LEASE_FILE)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss),
-                        ("--async-rule", async_rule)):
+                        ("--async-rule", async_rule), ("--durable-url", durable_url)):
         if value is not None:
             argv += [flag, str(value)]
     return Startup(tuple(argv), detached=leased)
@@ -91,13 +92,15 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
               target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
               num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None,
-              lease_s: float | None = None) -> TrainingRun:
+              lease_s: float | None = None, durable_url: str | None = None) -> TrainingRun:
     """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
     parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
     are idempotent per plan id) and the old ports, so the workers find them again. With `lease_s`
     the run is detached: it trains on without this process for up to `lease_s` seconds after
-    the last renewal (lease.py; progress() renews it), then stops by itself."""
+    the last renewal (lease.py; progress() renews it), then stops by itself. With `durable_url`
+    (s3://BUCKET/PREFIX) the PS copies its checkpoints there and a restarted one starts from them
+    (durable.py)."""
     workload_options = workload_options or {}
     check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
@@ -120,7 +123,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
-                             async_rule=async_rule, leased=lease_s is not None)
+                             async_rule=async_rule, leased=lease_s is not None, durable_url=durable_url)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
         launched = provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup)
         if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
@@ -138,7 +141,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s)
+                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
                        ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())

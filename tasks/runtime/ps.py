@@ -16,8 +16,9 @@ tensor (`optimizer_step`, the update rule); a pull sends one copy of it per vers
 follow the consistent cuts of cuts.py; otherwise the server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
-<run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
-loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
+<run_dir>/checkpoints if there is one (with --durable-url, checkpoints are copied to S3 as well,
+and a PS whose disk has none newer starts from the newest there: durable.py). It stops on a step
+budget (max_updates), a target smoothed loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
 <run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease-file, tasks/runtime/lease.py: no
 orchestrator renewed it in time), or, for a run without a lease, when the process given by
 --watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
@@ -50,6 +51,7 @@ from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
+from tasks.runtime.durable import S3Checkpoints
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
@@ -79,6 +81,7 @@ class PsConfig:
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
     lease_file: Path | None = None  # stop when this lease lapses (lease.py); it replaces watch_pid
+    durable_url: str | None = None  # s3://BUCKET/PREFIX: checkpoints copied there too (durable.py)
     shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
     num_shards: int = 1
 
@@ -123,6 +126,9 @@ class ParameterServer:
         self._pool: dict[torch.Tensor, int] = {}  # copies of the state -> handlers sending them now
         self.epochs = EpochCut(self) if config.num_shards > 1 else None
         self._signalled: str | None = None  # set by a signal handler, acted on by serve()
+        if config.durable_url and config.num_shards > 1:
+            raise UserInputError("durable checkpoints (--durable-url) need a single PS shard")
+        self.durable = S3Checkpoints(config.durable_url) if config.durable_url else None
 
     # ------------------------------------------------------------ state and checkpoints
 
@@ -133,6 +139,12 @@ class ParameterServer:
     def resume(self) -> bool:
         """Load the newest good checkpoint (sharded: the newest consistent cut every shard has),
         if any; True when resumed."""
+        if self.durable is not None:  # a PS on a new instance: its disk has none, the store has
+            try:
+                self.durable.fetch_newest(self.checkpoint_dir)
+            except Exception as err:  # noqa: BLE001 - boto3's errors are many; the message says which
+                raise UserInputError(f"cannot read the durable checkpoints at {self.config.durable_url}: "
+                                     f"{str(err).splitlines()[0][:160]}") from None
         if self.sharded:
             state = self.epochs.load_common_cut()
         else:
@@ -205,6 +217,14 @@ class ParameterServer:
                                           keep=CUTS_KEPT if self.sharded else checkpoint.KEEP)
         self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
                              samples_total=state["samples_total"], epoch=state["epoch"], path=str(path))
+        if self.durable is not None:
+            try:
+                key = self.durable.upload(path)
+            except Exception as err:  # noqa: BLE001 - reported; the next checkpoint tries again
+                self.telemetry.write("durable_error", path=str(path), error=str(err)[:200])
+                sys.stderr.write(f"spotfill ps: copying {path.name} to {self.config.durable_url} failed: {str(err)[:160]}\n")
+            else:
+                self.telemetry.write("durable_checkpoint", version=state["version"], key=key)
 
     def cut(self, epoch: int) -> None:
         """The cut of `epoch` (cuts.py; the caller holds the lock): snapshot now, written at once by
@@ -464,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
     p.add_argument("--lease-file", type=Path, default=None,
                    help="stop (final checkpoint) once the run's lease in this file lapses; replaces --watch-pid")
+    p.add_argument("--durable-url", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="copy each checkpoint there too, and start from the newest there (a PS on a new instance)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
     p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -487,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid, lease_file=args.lease_file, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
+            watch_pid=args.watch_pid, lease_file=args.lease_file, durable_url=args.durable_url, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)

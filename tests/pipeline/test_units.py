@@ -320,3 +320,17 @@ def test_a_bad_prefect_startup_timeout_is_named_before_anything_starts(value, tm
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"spotfill: error: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={value!r}: ")
     assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_an_aws_run_with_a_checkpoint_bucket_gives_its_ps_a_durable_url(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.runtime.driver import ps_startup
+
+    profile = load_profile(SHIPPED_PROFILE)
+    for aws, url in (({"checkpoint_bucket": "ckpts"}, "s3://ckpts/run-x"), ({}, None)):
+        request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names},
+                                                      "provider": {"name": "aws", "aws": aws}})
+        session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path)
+        assert session.durable_url == url
+    argv = ps_startup(tmp_path, 5000, "resnet20", {}, durable_url="s3://ckpts/run-x", leased=True).argv
+    assert argv[argv.index("--durable-url") + 1] == "s3://ckpts/run-x" and "--lease-file" in argv
