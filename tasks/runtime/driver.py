@@ -44,6 +44,10 @@ class TrainingRun:
     lease_s: float | None = None  # the run's lease (lease.py); None: its processes die with this one
     lease_renewed_s: float = 0.0  # monotonic time of the last renewal
 
+    @property
+    def lease_place(self) -> Path | str:
+        return lease_place(self.run_dir, self.ps_settings.get("durable_url"))
+
     def progress(self) -> ClusterProgress:
         """Cluster totals so far: samples, updates, smoothed loss, per-worker step times. Whoever
         watches the run polls this, so it also keeps the run's lease (every lease.RENEW_EVERY_S)."""
@@ -54,8 +58,14 @@ class TrainingRun:
 
     def keep_lease(self) -> None:
         if self.lease_s is not None and time.monotonic() - self.lease_renewed_s >= lease.RENEW_EVERY_S:
-            lease.renew(self.run_dir / lease.LEASE_FILE, self.lease_s)
+            lease.renew(self.lease_place, self.lease_s)
             self.lease_renewed_s = time.monotonic()
+
+
+def lease_place(run_dir: Path, durable_url: str | None) -> Path | str:
+    """Where the run's lease is: beside its durable checkpoints when they are in S3 (the PS runs
+    on another machine), else in its run folder."""
+    return f"{durable_url.rstrip('/')}/{lease.LEASE_FILE}" if durable_url else run_dir / lease.LEASE_FILE
 
 
 def free_port() -> int:
@@ -77,7 +87,7 @@ def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, 
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
     if leased:
-        argv += ["--lease-file", str(run_dir / lease.LEASE_FILE)]
+        argv += ["--lease", str(lease_place(run_dir, durable_url))]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss),
                         ("--async-rule", async_rule), ("--durable-url", durable_url)):
@@ -114,7 +124,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
     if lease_s is not None:  # before the PS starts: it stops at once without a valid lease
-        lease.renew(run_dir / lease.LEASE_FILE, lease_s)
+        lease.renew(lease_place(run_dir, durable_url), lease_s)
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
@@ -152,7 +162,7 @@ def attach_run(provider: Provider, run_id: str, run_dir: Path, ps_address: str, 
     """Take over a leased run another orchestrator started and left (`spotfill run --resume`, a
     Prefect retry): its PS must still run and its lease be valid; the lease is renewed at once,
     held by this process from now on. No PS or worker is started."""
-    path = run_dir / lease.LEASE_FILE
+    path = lease_place(run_dir, ps_settings.get("durable_url"))
     owner = lease.owner_pid(path)
     if owner is not None and owner != os.getpid() and pid_alive(owner):
         raise UserInputError(f"run {run_id} is still watched by process {owner}; stop it first (or let it end)")

@@ -27,11 +27,7 @@ class S3Checkpoints:
             raise UserInputError(f"durable checkpoint URL must be s3://BUCKET/PREFIX, got {url[:80]!r}")
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
-        if client is None:
-            import boto3  # deferred: only a PS on AWS needs it
-
-            client = boto3.client("s3")
-        self.s3 = client
+        self.s3 = client or _client()
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -69,3 +65,32 @@ class S3Checkpoints:
         path = checkpoint.path_of(directory, newest)
         body = self.s3.get_object(Bucket=self.bucket, Key=self.key(path.name))["Body"].read()
         return atomic_write_bytes(path, body, mode=0o600)
+
+
+def _split(url: str) -> tuple[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
+        raise UserInputError(f"S3 object URL must be s3://BUCKET/KEY, got {url[:80]!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+_CLIENTS: dict[str, object] = {}
+
+
+def _client():
+    """One S3 client per process (boto3's default chain), made on first use."""
+    if "s3" not in _CLIENTS:
+        import boto3  # deferred: only runs on AWS need it
+
+        _CLIENTS["s3"] = boto3.client("s3")
+    return _CLIENTS["s3"]
+
+
+def write_object(url: str, data: bytes) -> None:
+    bucket, key = _split(url)
+    _client().put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def read_object(url: str) -> str:
+    bucket, key = _split(url)
+    return _client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()

@@ -19,7 +19,7 @@ lock, and written by the main thread at once), and on start resumes from the new
 <run_dir>/checkpoints if there is one (with --durable-url, checkpoints are copied to S3 as well,
 and a PS whose disk has none newer starts from the newest there: durable.py). It stops on a step
 budget (max_updates), a target smoothed loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
-<run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease-file, tasks/runtime/lease.py: no
+<run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease, tasks/runtime/lease.py: no
 orchestrator renewed it in time), or, for a run without a lease, when the process given by
 --watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
 each worker to stop at its next exchange and writes a final checkpoint.
@@ -80,7 +80,7 @@ class PsConfig:
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
-    lease_file: Path | None = None  # stop when this lease lapses (lease.py); it replaces watch_pid
+    lease: Path | str | None = None  # stop once this lease (file or s3:// object, lease.py) lapses
     durable_url: str | None = None  # s3://BUCKET/PREFIX: checkpoints copied there too (durable.py)
     shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
     num_shards: int = 1
@@ -389,7 +389,7 @@ class ParameterServer:
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
-        lease = LeaseWatch(c.lease_file) if c.lease_file else None
+        lease = LeaseWatch(c.lease) if c.lease else None
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
             while accepted < registered:
@@ -482,8 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="damp each update's learning rate by (1 + staleness) ** this (default: the rule's; 0: none)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
-    p.add_argument("--lease-file", type=Path, default=None,
-                   help="stop (final checkpoint) once the run's lease in this file lapses; replaces --watch-pid")
+    p.add_argument("--lease", default=None, metavar="PATH|s3://BUCKET/KEY",
+                   help="stop (final checkpoint) once the run's lease there lapses; replaces --watch-pid")
     p.add_argument("--durable-url", default=None, metavar="s3://BUCKET/PREFIX",
                    help="copy each checkpoint there too, and start from the newest there (a PS on a new instance)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid, lease_file=args.lease_file, durable_url=args.durable_url, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
+            watch_pid=args.watch_pid, lease=args.lease, durable_url=args.durable_url, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)

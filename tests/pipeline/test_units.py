@@ -333,4 +333,7 @@ def test_an_aws_run_with_a_checkpoint_bucket_gives_its_ps_a_durable_url(tmp_path
         session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path)
         assert session.durable_url == url
     argv = ps_startup(tmp_path, 5000, "resnet20", {}, durable_url="s3://ckpts/run-x", leased=True).argv
-    assert argv[argv.index("--durable-url") + 1] == "s3://ckpts/run-x" and "--lease-file" in argv
+    assert argv[argv.index("--durable-url") + 1] == "s3://ckpts/run-x"
+    assert argv[argv.index("--lease") + 1] == "s3://ckpts/run-x/lease.json"  # where the PS, on AWS, reads it
+    local = ps_startup(tmp_path, 5000, "resnet20", {}, leased=True).argv
+    assert local[local.index("--lease") + 1] == str(tmp_path / "lease.json")

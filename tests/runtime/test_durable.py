@@ -1,7 +1,9 @@
 """Durable checkpoints (tasks/runtime/durable.py) against moto's S3 over HTTP: the PS copies each
-checkpoint to the bucket, keeps the newest there, and a PS on a new disk starts from them."""
+checkpoint to the bucket, keeps the newest there, and a PS on a new disk starts from them; the
+run's lease kept in the bucket, where a PS on another machine reads it."""
 from __future__ import annotations
 
+import os
 import uuid
 
 import boto3
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 from tasks.core.errors import UserInputError
+from tasks.runtime import lease
+from tasks.runtime.driver import lease_place
 from tasks.runtime.durable import S3Checkpoints
 from tasks.runtime.ps import ParameterServer, PsConfig
 from tasks.runtime.telemetry import read_records
@@ -56,3 +60,16 @@ def test_an_unreadable_store_is_one_line(s3, tmp_path):
         ps(tmp_path, "s3://no-such-bucket/x").resume()
     with pytest.raises(UserInputError, match="must be s3://BUCKET/PREFIX"):
         S3Checkpoints("/tmp/x", s3)
+
+
+def test_a_lease_in_the_bucket_lapses_without_renewals(s3, tmp_path):
+    url = lease_place(tmp_path, f"s3://{BUCKET}/run-{uuid.uuid4().hex[:8]}")
+    assert url.startswith(f"s3://{BUCKET}/") and url.endswith("/lease.json")
+    watch = lease.LeaseWatch(url, check_every_s=0.0)
+    assert watch.lapsed(now_s=0.0)  # none yet
+    lease.renew(url, 10.0, now_s=1000.0)
+    assert not watch.lapsed(now_s=1005.0)
+    lease.renew(url, 10.0, now_s=1005.0)  # the orchestrator renews ...
+    assert not watch.lapsed(now_s=1012.0)
+    assert watch.lapsed(now_s=1015.0)  # ... then stops: the PS stops, and its instance shuts down
+    assert lease.owner_pid(url) == os.getpid()
