@@ -4,6 +4,7 @@ run's lease kept in the bucket, where a PS on another machine reads it."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import boto3
@@ -73,3 +74,28 @@ def test_a_lease_in_the_bucket_lapses_without_renewals(s3, tmp_path):
     assert not watch.lapsed(now_s=1012.0)
     assert watch.lapsed(now_s=1015.0)  # ... then stops: the PS stops, and its instance shuts down
     assert lease.owner_pid(url) == os.getpid()
+
+
+def test_a_live_aws_run_is_found_by_its_tags_and_taken_over(s3, moto_endpoint, moto_amis, tmp_path):
+    from tasks.providers.aws import AwsConfig, AwsProvider
+    from tasks.runtime.driver import attach_run
+    from tests.helpers import PRICE_ARCHIVE
+
+    provider = AwsProvider(AwsConfig(endpoint_url=moto_endpoint, ami_ids={"x86_64": moto_amis["x86_64"]},
+                                     spot_price_archive=PRICE_ARCHIVE, candidate_types=["g4dn.2xlarge"]))
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    durable_url = f"s3://{BUCKET}/{run_id}"
+    ps_instance = provider.launch(run_id, "ps", "g4dn.2xlarge", 1, role="ps", market="on-demand").instances[0]
+    try:
+        settings = {"durable_url": durable_url}
+        lease.renew(lease_place(tmp_path, durable_url), 10.0)  # the old orchestrator's, about to lapse
+        run = attach_run(provider, run_id, tmp_path, "10.0.0.5:29500", [ps_instance.instance_id], "resnet20", {},
+                         settings, 60.0)
+        assert run.ps_instance.instance_id == ps_instance.instance_id  # found by its spotfill:run-id tag
+        assert lease.expiry_s(run.lease_place) > time.time() + 50  # renewed in the bucket, for the whole lease
+        provider.terminate([ps_instance.instance_id])
+        with pytest.raises(UserInputError, match="no longer running"):
+            attach_run(provider, run_id, tmp_path, "10.0.0.5:29500", [ps_instance.instance_id], "resnet20", {},
+                       settings, 60.0)
+    finally:
+        provider.cleanup(run_id)
