@@ -25,7 +25,7 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile
-from tasks.pipeline import stages
+from tasks.pipeline import journal, stages
 from tasks.pipeline.controller import decide
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.report import artifact_key, artifact_owner, stopped_report_markdown
@@ -95,7 +95,9 @@ def launch(session: TrainingSession, chosen: PlanResult) -> PlanResult:
     around (session.launch_plan). Returns the plan in effect. A failure terminates the lot."""
     try:
         session.start_parameter_server()
-        return session.launch_plan(chosen, "p0")
+        launched = session.launch_plan(chosen, "p0")
+        journal.save(session)
+        return launched
     except BaseException:
         session.provider.cleanup(session.run_id)
         raise
@@ -105,6 +107,7 @@ def launch(session: TrainingSession, chosen: PlanResult) -> PlanResult:
 def replan(session: TrainingSession, reason: str, leaving: tuple[str, ...]) -> PlanResult:
     """Re-plan with the survivors, the remaining time and the loss reached; launch the takeover."""
     result = session.replan(reason, session.observations[-1], set(leaving))
+    journal.save(session)
     emit_event(event="spotfill.run.replanned", resource=stages.event_resource(session),
                payload={"reason": reason, "plan": result.plan, "predicted_time_s": result.predicted_time_s})
     return result
@@ -123,7 +126,12 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
     time_art = create_progress_artifact(0.0, key=artifact_key(owner, "deadline"), description=f"{run_id}: % of the deadline spent")
     last_report = 0.0
     while True:
+        if session.restart_dead_ps():
+            journal.save(session)
+            logger.warning("the parameter server died; restarted from its newest checkpoint (%d restart(s))",
+                           session.ps_restarts)
         obs = session.observe()
+        journal.append_observation(session.run_dir, obs)
         stages.notify_progress(session, obs)
         for event in obs.events:
             if event.kind in ("revocation_notice", "revoked"):
@@ -226,16 +234,40 @@ def run_summary(state: State) -> dict:
     return result
 
 
+def reattach(setup: RunSetup, run_dir: Path, explicit: bool) -> TrainingSession | None:
+    """The session a run recorded, re-attached to its live PS (journal.py): what `--resume` asks
+    for (`explicit`: a run that cannot be taken over is the user's error), and what a retry of
+    the same flow run finds (a run that has ended is started anew)."""
+    record = journal.load(run_dir)
+    if record is None and not explicit:
+        return None
+    if record is None:
+        raise UserInputError(f"{run_dir} holds no recorded session: that run cannot be resumed")
+    try:
+        return journal.restore(setup, run_dir, record)
+    except UserInputError:
+        if explicit:
+            raise
+        return None
+
+
 @flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])
-def train_with_slo(request: TrainRequest):
-    """Reach request.slo.target_loss before request.slo.deadline_s at the lowest cost."""
+def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
+    """Reach request.slo.target_loss before request.slo.deadline_s at the lowest cost. With
+    `resume_run_id`, take over that live run instead of starting one (`spotfill run --resume`)."""
     logger = get_run_logger()
     ctx = FlowRunContext.get()
-    run_id = run_id_of(ctx.flow_run.id if ctx and ctx.flow_run else uuid.uuid4())
+    run_id = resume_run_id or run_id_of(ctx.flow_run.id if ctx and ctx.flow_run else uuid.uuid4())
     run_dir = Path(request.artifacts_dir) / run_id
     clock = stages.StageClock()
     setup = open_setup(request)
     try:
+        resumed = reattach(setup, run_dir, explicit=resume_run_id is not None)
+        if resumed is not None:
+            logger.info("re-attached to run %s at %.1f s of training", run_id, resumed.elapsed_s())
+            with clock("train"):
+                outcome = watch(resumed)
+            return finish(resumed, outcome, clock)
         with clock("profile"):
             if request.profile:
                 profile = stages.load_request_profile(request)
@@ -256,11 +288,16 @@ def train_with_slo(request: TrainRequest):
             logger.warning("the market refused part of the plan; running %s instead", launched.plan)
         with clock("train"):
             outcome = watch(session)
-        with clock("stop"):
-            session.stop()
-        with clock("report"):
-            summary = stages.write_report(session, outcome, clock)
-        logger.info(summary["verdict"])
-        return verdict_state(summary)
+        return finish(session, outcome, clock)
     finally:
         setup.provider.cleanup(run_id)
+
+
+def finish(session: TrainingSession, outcome: dict, clock: stages.StageClock) -> State:
+    """Stop the run and report it; its final state (verdict_state) carries the verdict."""
+    with clock("stop"):
+        session.stop()
+    with clock("report"):
+        summary = stages.write_report(session, outcome, clock)
+    get_run_logger().info(summary["verdict"])
+    return verdict_state(summary)

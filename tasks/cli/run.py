@@ -78,9 +78,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="local: a spot capacity trace for a type, played from the launch at --time-scale (repeatable)")
     p.add_argument("--drought", type=type_and_seconds, action="append", default=[], metavar="TYPE=SECONDS",
                    help="local: no spot capacity of a type for SECONDS from the first revocation (repeatable)")
+    p.add_argument("--lease-s", type=cli_args.duration_s, default=None,
+                   help="seconds the run trains on with no orchestrator watching (the CLI killed, a laptop "
+                        "asleep) before it checkpoints and stops by itself (default 180)")
     p.add_argument("--no-filling", action="store_true", help="do not fill bubbles with inference")
     p.add_argument("--artifacts", type=cli_args.output_dir, default="artifacts")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.add_argument("--resume", type=cli_args.identifier, default=None, metavar="RUN_ID",
+                   help="take over a live run whose orchestrator is gone (within its lease): watch it to its end "
+                        "and report the whole run; its recorded request is used, the other options are ignored")
     p.set_defaults(handler=runtime_errors_in_one_line(run))
 
 
@@ -169,6 +175,7 @@ def build_request(args: argparse.Namespace):
                          "droughts_s": by_type(args.drought, "--drought")},
             "filling": {"enabled": not args.no_filling},
             "artifacts_dir": str(args.artifacts),
+            **({"lease_s": args.lease_s} if args.lease_s is not None else {}),
         }, context={"local_user": True})  # the local user may run any plug-in (tasks/pipeline/plugin_policy.py)
     except ValidationError as err:
         raise UserInputError(format_validation_error(err, "run parameters")) from None
@@ -280,11 +287,25 @@ def run(args: argparse.Namespace) -> int:
     prefect_defaults()
     startup_timeout_s = startup_timeout_from_env()  # the cheap checks first
     check_prefect_api_url()
-    request = build_request(args)
-    check_request(request)
+    if args.resume:
+        request = resumed_request(args.resume, Path(args.artifacts))
+    else:
+        request = build_request(args)
+        check_request(request)
     allow_local_user(request.workload)
     with temporary_server(Path(request.artifacts_dir) / "prefect-server.log", startup_timeout_s):
         return _run_flow(request, args)
+
+
+def resumed_request(run_id: str, artifacts_dir):
+    """The request run `run_id` recorded, its artifacts folder made the one the run lives in
+    (the run registry knows it from any folder; else --artifacts)."""
+    from tasks.pipeline.journal import recorded_request  # deferred: prefect, scipy (start-up cost)
+    from tasks.providers.run_registry import artifacts_dir_of
+
+    artifacts = artifacts_dir_of(run_id) or artifacts_dir.resolve()
+    request = recorded_request(artifacts / run_id)
+    return request.model_copy(update={"artifacts_dir": str(artifacts)})
 
 
 def _run_flow(request, args: argparse.Namespace) -> int:
@@ -299,7 +320,7 @@ def _run_flow(request, args: argparse.Namespace) -> int:
 
     stages.PROGRESS_LISTENERS.append(show)
     try:
-        summary = run_summary(train_with_slo(request, return_state=True))
+        summary = run_summary(train_with_slo(request, resume_run_id=args.resume, return_state=True))
     finally:
         bar.close()
         stages.PROGRESS_LISTENERS.remove(show)

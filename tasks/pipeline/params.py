@@ -17,6 +17,7 @@ from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
 from tasks.core.traces import trace_path
 from tasks.pipeline.plugin_policy import check_deployment_workload
+from tasks.runtime.lease import DEFAULT_LEASE_S
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver, solver_names
 
@@ -172,6 +173,9 @@ class TrainRequest(BaseModel):
     confidence: float | None = Field(None, gt=0, lt=1, title="Confidence", description="plan and re-plan to meet the deadline at the "
                                      "upper end of the model's interval at this level (needs a fitted profile)")
     overhead_s: float = Field(3.0, ge=0, le=MAX_DURATION_S, title="Start-up overhead (s)", description="T_ohd: time for new instances to start and join")
+    lease_s: float = Field(DEFAULT_LEASE_S, gt=0, le=MAX_DURATION_S, title="Lease (s)",
+                           description="how long the run trains on once no orchestrator renews its lease; then "
+                                       "the PS checkpoints and every process of the run ends (docs/runtime.md)")
     provider: ProviderSettings = Field(default_factory=ProviderSettings, title="Provider")
     filling: Filling = Field(default_factory=Filling, title="Filling")
     budget: BudgetCaps = Field(default_factory=BudgetCaps, title="Budget caps")

@@ -195,7 +195,7 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
         "plans": [{"plan": p.plan, "solver": p.solver, "predicted_time_s": p.predicted_time_s,
                    "predicted_cost_usd": p.predicted_cost_usd} for p in session.plans],
         "alternatives": session.alternatives,
-        "revocations": session.revocations, "replans": session.replans,
+        "revocations": session.revocations, "replans": session.replans, "ps_restarts": session.ps_restarts,
         "on_demand_workers": session.on_demand_workers,
         "spot_spent_usd": result["spent_usd"] - result.get("on_demand_spent_usd", 0.0),
         "inference": harvested, "stage_seconds": stage_seconds,

@@ -61,7 +61,7 @@ class Observation:
 @dataclass
 class TimelineEntry:
     t_s: float
-    kind: str  # "plan", "revocation", "replan", "drift", "capacity", "on-demand", "done"
+    kind: str  # "plan", "revocation", "replan", "drift", "capacity", "on-demand", "ps_restart", "done"
     detail: dict
 
 
@@ -91,6 +91,8 @@ class TrainingSession:
         self.spot_quota = {t: n for t, n in self.quota.items() if not is_on_demand(t)}  # before refusals: a probe's
         self.run = None  # tasks.runtime.driver.TrainingRun once launched
         self.ps_megabits_per_s = setup.emulation.get("ps_megabits_per_s")  # the local PS's emulated NIC (as profiled)
+        bucket = setup.aws.checkpoint_bucket if setup.aws else None  # locally the run folder is durable
+        self.durable_url = f"s3://{bucket}/{run_id}" if bucket else None
         self.started_s: float | None = None
         self.plans: list[PlanResult] = []
         self.alternatives: list[dict] = []  # the chosen plan beside the alternatives (alternatives.py)
@@ -103,6 +105,7 @@ class TrainingSession:
         self.initial_loss: float | None = None
         self.replans = 0
         self.revocations = 0
+        self.ps_restarts = 0
         self.shortfalls: list[dict] = []  # what the market refused, launch by launch
         self.leaving: set[str] = set()  # workers with a revocation notice: running, but not counted on
         self.started_plan: PlanResult | None = None  # the plan training started with (after refusals)
@@ -198,7 +201,7 @@ class TrainingSession:
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
                              ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule,
-                             num_ps=self.profile.num_ps)
+                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s, durable_url=self.durable_url)
 
     def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per
@@ -299,6 +302,22 @@ class TrainingSession:
     def running_workers(self) -> dict[str, int]:
         """Workers alive by offer (TYPE, or TYPE:on-demand)."""
         return offer_counts(self.alive_workers())
+
+    def restart_dead_ps(self) -> bool:
+        """A parameter server that died (its instance is gone and it recorded no stop) is started
+        again on a new on-demand instance from the newest checkpoint in the run folder, on the same
+        ports: the workers rejoin by themselves. True when it was restarted."""
+        from tasks.runtime.driver import restart_ps  # deferred: torch (start-up cost)
+
+        shards = self.run.ps_instances or [self.run.ps_instance]
+        alive = {i.instance_id for i in self.provider.describe(self.run_id)}
+        if all(i.instance_id in alive for i in shards) or self.run.progress().stopped is not None:
+            return False
+        self.ps_restarts += 1
+        self.run = restart_ps(self.run, plan_id=f"ps-restart-{self.ps_restarts}")
+        self.timeline.append(TimelineEntry(self.elapsed_s(), "ps_restart", {
+            "lost": [i.instance_id for i in shards], "instances": [i.instance_id for i in self.run.ps_instances]}))
+        return True
 
     # ------------------------------------------------------------------ watching
     def elapsed_s(self) -> float:

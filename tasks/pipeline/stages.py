@@ -16,6 +16,7 @@ from tasks.core.capacity import load_capacity
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile, load_profile, profile_from_dict
 from tasks.core.traces import trace_path
+from tasks.pipeline import journal
 from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.report import finite_or_none, stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
@@ -95,7 +96,9 @@ def event_resource(session: TrainingSession) -> dict:
 
 def record_progress(session: TrainingSession, obs: Observation) -> None:
     """Where the run stands, on disk, so that a run stopped from outside can still be accounted
-    for: with the instances running (what a stop ends) and the timeline so far."""
+    for, with the instances running (what a stop ends) and the timeline so far, and a run left by
+    its orchestrator taken over (journal.py)."""
+    journal.save(session)
     atomic_write_json(session.run_dir / PROGRESS, finite_or_none({
         "t_s": obs.t_s, "loss": obs.loss, "spent_usd": obs.spent_usd, "ps_spent_usd": obs.ps_spent_usd,
         "workers": obs.workers, "plan": session.plans[-1].plan if session.plans else {},

@@ -96,6 +96,9 @@ class AwsConfig(BaseModel):
     instance_catalog_path: Path = aws_catalog.DEFAULT_INSTANCE_CATALOG_PATH
     spot_price_archive: Path | None = None  # a price archive TSV instead of the live price API
     price_window_s: float = Field(default=7 * 86400.0, gt=0, strict=True)
+    # the PS copies its checkpoints to s3://BUCKET/<run-id>/ and a restarted PS starts from them
+    # (tasks/runtime/durable.py); None: they stay on the PS's disk only
+    checkpoint_bucket: str | None = None
 
     @field_validator("region")
     @classmethod
@@ -198,8 +201,11 @@ def client_token(run_id: str, plan_id: str, instance_type: str, role: str, marke
 
 def user_data_script(startup: Startup, env: dict[str, str], watcher_argv: list[str] | None) -> str:
     """The boot script: the run's environment, the IMDS watcher in the background (spot only),
-    then the worker or PS command in the foreground. Never put a secret in Startup.env: user
-    data is readable by anyone who can describe the instance."""
+    then the worker or PS command in the foreground; when that command ends, for any reason (the
+    PS stopped at its lease's end, a worker heard the stop or lost its PS), the instance shuts
+    down, which its InstanceInitiatedShutdownBehavior turns into terminate: nothing of a run
+    bills on once its processes are done. Never put a secret in Startup.env: user data is
+    readable by anyone who can describe the instance."""
     lines = ["#!/bin/bash", "set -euo pipefail"]
     for key, value in {**env, **startup.env}.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
@@ -207,7 +213,8 @@ def user_data_script(startup: Startup, env: dict[str, str], watcher_argv: list[s
         lines.append(f"export {key}={shlex.quote(value)}")
     if watcher_argv:
         lines.append(f"nohup {shlex.join(watcher_argv)} >/var/log/spotfill-watcher.log 2>&1 &")
-    lines.append(f"exec {shlex.join(startup.argv)}")
+    lines.append("trap 'shutdown -h now' EXIT")  # also when the command fails (set -e)
+    lines.append(shlex.join(startup.argv))
     script = "\n".join(lines) + "\n"
     if len(script.encode()) > USER_DATA_MAX_BYTES:
         raise UserInputError(f"startup command and environment take {len(script.encode())} bytes; EC2 user data holds {USER_DATA_MAX_BYTES}")

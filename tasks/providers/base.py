@@ -50,6 +50,9 @@ class Startup:
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    # outlives the process that launched it (its run's lease ends it, tasks/runtime/lease.py):
+    # the local provider then gives it no SPOTFILL_WATCH_PID; cloud instances are detached anyway
+    detached: bool = False
 
 
 @dataclass

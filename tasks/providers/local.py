@@ -14,7 +14,8 @@ The instance table (and the events not yet polled) lives in <artifacts>/<run-id>
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
 SIGTERM/SIGINT; should it be killed outright (SIGKILL), the PS and workers see that the pid in
-SPOTFILL_WATCH_PID is gone and stop by themselves.
+SPOTFILL_WATCH_PID is gone and stop by themselves. A detached Startup gets no SPOTFILL_WATCH_PID:
+its run's lease ends it instead (tasks/runtime/lease.py), so it trains on while no one watches.
 
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
@@ -269,9 +270,12 @@ class LocalProvider(Provider):
             "SPOTFILL_INSTANCE_TYPE": instance_type,
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
             "SPOTFILL_NOTICE_FILE": str(notice_file),
-            "SPOTFILL_WATCH_PID": str(os.getpid()),
             "SPOTFILL_GPUS": str(itype.gpus),
         }
+        if startup.detached:
+            env.pop("SPOTFILL_WATCH_PID", None)  # one this process inherited is not its orchestrator
+        else:
+            env["SPOTFILL_WATCH_PID"] = str(os.getpid())
         if self.bandwidth_scale is not None:
             env["SPOTFILL_NIC_MBPS"] = repr(self.nic_mbps(instance_type))
             # the worker paces its replicas' sum in megabits/s; the profile's PCIe is in megabytes/s

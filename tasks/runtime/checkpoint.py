@@ -51,6 +51,12 @@ def number_of(path: Path) -> int:
     return int(_NAME.match(path.name).group(1))
 
 
+def number_in(name: str) -> int | None:
+    """The number in a checkpoint file name, or None for any other name."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
 def save_checkpoint(directory: Path, version: int, state: dict, keep: int = KEEP) -> Path:
     """Write `state` as the checkpoint of `version`; prune all but the newest `keep`."""
     buffer = io.BytesIO()

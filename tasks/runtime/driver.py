@@ -12,6 +12,7 @@ from the PS's telemetry (tasks.runtime.telemetry) while training runs.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ from typing import Callable
 
 from tasks.core.errors import UserInputError
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
+from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
+from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.ps import ERROR_FILE, READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
 from tasks.runtime.worker import check_one_gpu_device
@@ -39,12 +42,31 @@ class TrainingRun:
     ps_settings: dict = field(default_factory=dict)  # start_run's PS keyword arguments, for restarts
     reader: TelemetryReader | None = None
     ps_instances: list[Instance] = field(default_factory=list)  # every shard's, in shard order
+    lease_s: float | None = None  # the run's lease (lease.py); None: its processes die with this one
+    lease_renewed_s: float = 0.0  # monotonic time of the last renewal
+
+    @property
+    def lease_place(self) -> Path | str:
+        return lease_place(self.run_dir, self.ps_settings.get("durable_url"))
 
     def progress(self) -> ClusterProgress:
-        """Cluster totals so far: samples, updates, smoothed loss, per-worker step times."""
+        """Cluster totals so far: samples, updates, smoothed loss, per-worker step times. Whoever
+        watches the run polls this, so it also keeps the run's lease (every lease.RENEW_EVERY_S)."""
+        self.keep_lease()
         if self.reader is None:
             self.reader = TelemetryReader(self.run_dir)
         return self.reader.poll()
+
+    def keep_lease(self) -> None:
+        if self.lease_s is not None and time.monotonic() - self.lease_renewed_s >= lease.RENEW_EVERY_S:
+            lease.renew(self.lease_place, self.lease_s)
+            self.lease_renewed_s = time.monotonic()
+
+
+def lease_place(run_dir: Path, durable_url: str | None) -> Path | str:
+    """Where the run's lease is: beside its durable checkpoints when they are in S3 (the PS runs
+    on another machine), else in its run folder."""
+    return f"{durable_url.rstrip('/')}/{lease.LEASE_FILE}" if durable_url else run_dir / lease.LEASE_FILE
 
 
 def free_port() -> int:
@@ -60,16 +82,19 @@ def _option_args(options: dict) -> list[str]:
 def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, *, ps_mbps: float | None = None,
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
                max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
-               num_ps: int = 1, async_rule: str | None = None) -> Startup:
+               num_ps: int = 1, async_rule: str | None = None, leased: bool = False,
+               durable_url: str | None = None) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
+    if leased:
+        argv += ["--lease", str(lease_place(run_dir, durable_url))]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss),
-                        ("--async-rule", async_rule)):
+                        ("--async-rule", async_rule), ("--durable-url", durable_url)):
         if value is not None:
             argv += [flag, str(value)]
-    return Startup(tuple(argv))
+    return Startup(tuple(argv), detached=leased)
 
 
 def start_run(provider: Provider, run_id: str, workload: str, *, workload_options: dict | None = None,
@@ -77,21 +102,30 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               ps_mbps: float | None = None, checkpoint_every_s: float = 30.0,
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
               target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
-              num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None) -> TrainingRun:
+              num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None,
+              lease_s: float | None = None, durable_url: str | None = None) -> TrainingRun:
     """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
     parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
-    are idempotent per plan id) and the old ports, so the workers find them again."""
+    are idempotent per plan id) and the old ports, so the workers find them again. With `lease_s`
+    the run is detached: it trains on without this process for up to `lease_s` seconds after
+    the last renewal (lease.py; progress() renews it), then stops by itself. With `durable_url`
+    (s3://BUCKET/PREFIX) the PS copies its checkpoints there and a restarted one starts from them
+    (durable.py)."""
     workload_options = workload_options or {}
     check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
     if num_ps <= 0:
         raise UserInputError(f"num_ps must be positive, got {num_ps}")
+    if lease_s is not None and not lease_s > 0:
+        raise UserInputError(f"lease_s must be positive, got {lease_s}")
     # absolute: the PS runs in another working directory (the local provider's is the repository)
     run_dir = Path(run_dir or Path(getattr(provider, "artifacts_dir", "artifacts")) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
+    if lease_s is not None:  # before the PS starts: it stops at once without a valid lease
+        lease.renew(lease_place(run_dir, durable_url), lease_s)
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
@@ -101,7 +135,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
-                             async_rule=async_rule)
+                             async_rule=async_rule, leased=lease_s is not None, durable_url=durable_url)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
         launched = provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup)
         if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
@@ -120,10 +154,31 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule)
+                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
-                       ps_instances=instances)
+                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())
+
+
+def attach_run(provider: Provider, run_id: str, run_dir: Path, ps_address: str, ps_instance_ids: list[str],
+               workload: str, workload_options: dict, ps_settings: dict, lease_s: float | None) -> TrainingRun:
+    """Take over a leased run another orchestrator started and left (`spotfill run --resume`, a
+    Prefect retry): its PS must still run and its lease be valid; the lease is renewed at once,
+    held by this process from now on. No PS or worker is started."""
+    path = lease_place(run_dir, ps_settings.get("durable_url"))
+    owner = lease.owner_pid(path)
+    if owner is not None and owner != os.getpid() and pid_alive(owner):
+        raise UserInputError(f"run {run_id} is still watched by process {owner}; stop it first (or let it end)")
+    alive = {i.instance_id: i for i in provider.describe(run_id)}
+    shards = [alive.get(i) for i in ps_instance_ids]
+    expires_at_s = lease.expiry_s(path)
+    if lease_s is None or not all(shards) or expires_at_s is None or expires_at_s <= time.time():
+        raise UserInputError(f"run {run_id} is no longer running (its parameter server has stopped or its lease "
+                             f"lapsed): nothing to resume; its last checkpoint is in {run_dir / 'checkpoints'}")
+    run = TrainingRun(run_id, run_dir, provider, ps_address, shards[0], workload, workload_options, ps_settings,
+                      ps_instances=shards, lease_s=lease_s)
+    run.keep_lease()
+    return run
 
 
 def restart_ps(run: TrainingRun, plan_id: str, ready_timeout_s: float = 120.0, stop_timeout_s: float = 60.0) -> TrainingRun:
@@ -152,7 +207,8 @@ def worker_startup(run: TrainingRun, batch_size: int, extra_args: tuple[str, ...
     if batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {batch_size}")
     return Startup(("python", "-m", "tasks.runtime.worker", "--ps", run.ps_address, "--workload", run.workload,
-                    *_option_args(run.workload_options), "--batch-size", str(batch_size), *extra_args))
+                    *_option_args(run.workload_options), "--batch-size", str(batch_size), *extra_args),
+                   detached=run.lease_s is not None)  # a leased run's workers end with its PS
 
 
 def add_workers(run: TrainingRun, instance_type: str, count: int, batch_size: int, *, plan_id: str = "p0",

@@ -16,11 +16,13 @@ tensor (`optimizer_step`, the update rule); a pull sends one copy of it per vers
 follow the consistent cuts of cuts.py; otherwise the server checkpoints atomically every `checkpoint_every_s` seconds or every
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
-<run_dir>/checkpoints if there is one. It stops on a step budget (max_updates), a target smoothed
-loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
-<run_dir>/STOP, SIGTERM/SIGINT, or when the process given by --watch-pid is gone (the local
-orchestrator, killed with no chance to clean up); it then tells each worker to stop at its next
-exchange and writes a final checkpoint.
+<run_dir>/checkpoints if there is one (with --durable-url, checkpoints are copied to S3 as well,
+and a PS whose disk has none newer starts from the newest there: durable.py). It stops on a step
+budget (max_updates), a target smoothed loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
+<run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease, tasks/runtime/lease.py: no
+orchestrator renewed it in time), or, for a run without a lease, when the process given by
+--watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
+each worker to stop at its next exchange and writes a final checkpoint.
 
 Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
 When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
@@ -47,8 +49,10 @@ from tasks.core.atomic import atomic_write_text
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.runtime import checkpoint, flat, wire
+from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
+from tasks.runtime.durable import S3Checkpoints
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
@@ -78,6 +82,8 @@ class PsConfig:
     op_timeout_s: float = 300.0
     stop_grace_s: float = 10.0
     watch_pid: int | None = None  # stop when this process (the local orchestrator) is gone
+    lease: Path | str | None = None  # stop once this lease (file or s3:// object, lease.py) lapses
+    durable_url: str | None = None  # s3://BUCKET/PREFIX: checkpoints copied there too (durable.py)
     shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
     num_shards: int = 1
 
@@ -122,6 +128,9 @@ class ParameterServer:
         self._pool: dict[torch.Tensor, int] = {}  # copies of the state -> handlers sending them now
         self.epochs = EpochCut(self) if config.num_shards > 1 else None
         self._signalled: str | None = None  # set by a signal handler, acted on by serve()
+        if config.durable_url and config.num_shards > 1:
+            raise UserInputError("durable checkpoints (--durable-url) need a single PS shard")
+        self.durable = S3Checkpoints(config.durable_url) if config.durable_url else None
         self.error: str | None = None  # why a worker's handler failed: the PS stops as failed
 
     def fail(self, err: BaseException) -> None:
@@ -140,6 +149,12 @@ class ParameterServer:
         """Load the newest good checkpoint (sharded: the newest consistent cut every shard has),
         if any; True when resumed."""
         checkpoint.remove_partial_writes(self.checkpoint_dir)  # a predecessor killed mid-write left them
+        if self.durable is not None:  # a PS on a new instance: its disk has none, the store has
+            try:
+                self.durable.fetch_newest(self.checkpoint_dir)
+            except Exception as err:  # noqa: BLE001 - boto3's errors are many; the message says which
+                raise UserInputError(f"cannot read the durable checkpoints at {self.config.durable_url}: "
+                                     f"{str(err).splitlines()[0][:160]}") from None
         if self.sharded:
             state = self.epochs.load_common_cut()
         else:
@@ -212,6 +227,14 @@ class ParameterServer:
                                           keep=CUTS_KEPT if self.sharded else checkpoint.KEEP)
         self.telemetry.write("checkpoint", version=state["version"], updates_total=state["updates_total"],
                              samples_total=state["samples_total"], epoch=state["epoch"], path=str(path))
+        if self.durable is not None:
+            try:
+                key = self.durable.upload(path)
+            except Exception as err:  # noqa: BLE001 - reported; the next checkpoint tries again
+                self.telemetry.write("durable_error", path=str(path), error=str(err)[:200])
+                sys.stderr.write(f"spotfill ps: copying {path.name} to {self.config.durable_url} failed: {str(err)[:160]}\n")
+            else:
+                self.telemetry.write("durable_checkpoint", version=state["version"], key=key)
 
     def cut(self, epoch: int) -> None:
         """The cut of `epoch` (cuts.py; the caller holds the lock): snapshot now, written at once by
@@ -382,6 +405,7 @@ class ParameterServer:
         accepted = self.next_worker_id
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
+        lease = LeaseWatch(c.lease) if c.lease else None
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
             while accepted < registered:
@@ -406,7 +430,9 @@ class ParameterServer:
                 last_checkpoint_s = time.monotonic()
             if stop_file.exists():
                 self.request_stop("stop_file")
-            if c.watch_pid and not pid_alive(c.watch_pid):
+            if lease is not None and lease.lapsed():
+                self.request_stop("lease_lapsed")
+            elif lease is None and c.watch_pid and not pid_alive(c.watch_pid):
                 self.stopping = self.stopping or "orchestrator_gone"
             if self._signalled:
                 self.stopping = self.stopping or self._signalled
@@ -474,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="damp each update's learning rate by (1 + staleness) ** this (default: the rule's; 0: none)")
     p.add_argument("--watch-pid", type=positive_int, default=os.environ.get("SPOTFILL_WATCH_PID") or None,
                    help="stop when this process is gone (the local provider sets it to the orchestrator)")
+    p.add_argument("--lease", default=None, metavar="PATH|s3://BUCKET/KEY",
+                   help="stop (final checkpoint) once the run's lease there lapses; replaces --watch-pid")
+    p.add_argument("--durable-url", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="copy each checkpoint there too, and start from the newest there (a PS on a new instance)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
     p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -513,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             workload_options=parse_options(args.workload_opt), ps_mbps=args.ps_mbps,
             checkpoint_every_s=args.checkpoint_every_s, checkpoint_every_updates=args.checkpoint_every_updates,
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
-            watch_pid=args.watch_pid, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
+            watch_pid=args.watch_pid, lease=args.lease, durable_url=args.durable_url, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
         )
         server = ParameterServer(config)

@@ -19,7 +19,7 @@ Every record has `t` (epoch seconds) and `kind`:
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
 - `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal, orchestrator_gone,
-  diverged, failed: its error is in ps-error.txt beside the telemetry).
+  diverged, lease_lapsed, failed: its error is in ps-error.txt beside the telemetry).
 A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
 PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
 """

@@ -421,3 +421,20 @@ def test_the_report_lists_each_worker_with_its_gpus():
         {"worker": 2, "instance_type": "p3.2xlarge", "gpus": 1, "updates": 9, "samples": 144, "left": "notice"}]})
     assert "| 1 | g3.8xlarge | 2 | 40 | 1280 | - |" in lines and "| 2 | p3.2xlarge | 1 | 9 | 144 | notice |" in lines
     assert workers_markdown({"trained_workers": []}) == []
+
+
+def test_an_aws_run_with_a_checkpoint_bucket_gives_its_ps_a_durable_url(tmp_path):
+    from tasks.pipeline.session import TrainingSession
+    from tasks.runtime.driver import ps_startup
+
+    profile = load_profile(SHIPPED_PROFILE)
+    for aws, url in (({"checkpoint_bucket": "ckpts"}, "s3://ckpts/run-x"), ({}, None)):
+        request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names},
+                                                      "provider": {"name": "aws", "aws": aws}})
+        session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path)
+        assert session.durable_url == url
+    argv = ps_startup(tmp_path, 5000, "resnet20", {}, durable_url="s3://ckpts/run-x", leased=True).argv
+    assert argv[argv.index("--durable-url") + 1] == "s3://ckpts/run-x"
+    assert argv[argv.index("--lease") + 1] == "s3://ckpts/run-x/lease.json"  # where the PS, on AWS, reads it
+    local = ps_startup(tmp_path, 5000, "resnet20", {}, leased=True).argv
+    assert local[local.index("--lease") + 1] == str(tmp_path / "lease.json")

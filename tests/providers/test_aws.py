@@ -124,7 +124,13 @@ def test_launch_tags_spot_imdsv2_and_a_run_only_security_group(make_provider, ec
     import base64
 
     script = base64.b64decode(user_data["UserData"]["Value"]).decode()
-    assert "tasks.providers.imds_watcher" in script and script.endswith("exec python3 -m tasks.worker\n")
+    assert "tasks.providers.imds_watcher" in script
+    # the worker's end is the instance's: it shuts down, and the launch made shutdown terminate it
+    assert script.endswith("trap 'shutdown -h now' EXIT\npython3 -m tasks.worker\n")
+    for instance in workers + ps:
+        behaviour = ec2.describe_instance_attribute(InstanceId=instance.instance_id,
+                                                    Attribute="instanceInitiatedShutdownBehavior")
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
     assert provider.cleanup(run_id) == 3
     assert running(ec2, run_id) == []
     assert ec2.describe_security_groups(Filters=[{"Name": f"tag:{TAG_RUN}", "Values": [run_id]}])["SecurityGroups"] == []

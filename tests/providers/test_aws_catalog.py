@@ -108,14 +108,15 @@ def test_client_token_is_stable_per_step_and_remainder():
     assert len(token) <= 64
 
 
-def test_user_data_quotes_the_command_and_starts_the_watcher_first():
+def test_user_data_quotes_the_command_starts_the_watcher_first_and_shuts_down_after():
     startup = Startup(("python3", "-m", "train", "--name", "a b; rm -rf /"), {"LR": "0.1 $(x)"})
     script = user_data_script(startup, {"SPOTFILL_RUN_ID": "r1"}, ["python3", "-m", "tasks.providers.imds_watcher"])
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
     assert "export LR='0.1 $(x)'" in lines
-    assert lines[-2].startswith("nohup python3 -m tasks.providers.imds_watcher")
-    assert lines[-1] == "exec python3 -m train --name 'a b; rm -rf /'"
+    assert lines[-3].startswith("nohup python3 -m tasks.providers.imds_watcher")
+    assert lines[-2] == "trap 'shutdown -h now' EXIT"  # the instance ends with its command, however it ends
+    assert lines[-1] == "python3 -m train --name 'a b; rm -rf /'"
     with pytest.raises(UserInputError, match="not a valid name"):
         user_data_script(Startup(("x",), {"BAD-NAME": "1"}), {}, None)
     with pytest.raises(UserInputError, match="user data holds"):

@@ -4,10 +4,12 @@ Ctrl-C of the process that started them."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,7 @@ def test_cleanup_from_another_process_object(provider, tmp_path):
 
 DRIVER = """
 import json, sys, time
+from dataclasses import replace
 from pathlib import Path
 from tasks.providers.base import Startup
 from tasks.providers.local import LocalProvider
@@ -185,5 +188,24 @@ def test_nic_bandwidth_is_megabytes_per_s_in_the_type_and_megabits_in_the_shapin
 
         _wait(lambda: "SPOTFILL_NIC_MBPS" in child_env(), timeout_s=120.0)
         assert float(child_env()["SPOTFILL_NIC_MBPS"]) == pytest.approx(8 * catalog_mbytes * 0.5)  # megabits/s
+    finally:
+        p.kill_all_started()
+
+
+@pytest.mark.integration
+def test_a_detached_instance_is_not_told_to_watch_its_starter(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTFILL_WATCH_PID", "1")  # inherited from an outer orchestrator: not passed on either
+    p = LocalProvider(tmp_path, terminate_grace_s=2.0)
+    try:
+        watched = p.launch("r", "p0", "p3.2xlarge", 1, startup=SLEEPER).instances[0]
+        detached = p.launch("r", "p1", "p3.2xlarge", 1, startup=replace(SLEEPER, detached=True)).instances[0]
+
+        def child_env(instance) -> dict[str, str]:  # the parent's until the child has exec'd its startup
+            environ = Path(f"/proc/{p.pid_of('r', instance.instance_id)}/environ").read_bytes().split(b"\0")
+            return dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+
+        _wait(lambda: all("SPOTFILL_INSTANCE_ID" in child_env(i) for i in (watched, detached)), timeout_s=120.0)
+        assert child_env(watched)["SPOTFILL_WATCH_PID"] == str(os.getpid())
+        assert "SPOTFILL_WATCH_PID" not in child_env(detached)
     finally:
         p.kill_all_started()

@@ -1,0 +1,80 @@
+"""A leased run outlives its orchestrator, and not its lease: real PS and worker processes on
+the local provider, the orchestrator a separate process killed with SIGKILL. Every wait is on a
+file or a process, bounded."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tasks.providers.local import LocalProvider, _proc_start_ticks
+from tasks.runtime import checkpoint
+from tasks.runtime.telemetry import read_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LEASE_S = 8.0
+# The orchestrator: start a leased run with one worker, watch it until it trains (which renews
+# the lease), say so in a file, then hang, watching no more, until it is killed.
+ORCHESTRATOR = """
+import sys, threading
+from pathlib import Path
+from tasks.providers.local import LocalProvider
+from tasks.runtime import driver
+artifacts, lease_s = Path(sys.argv[1]), float(sys.argv[2])
+provider = LocalProvider(artifacts)
+run = driver.start_run(provider, "leased", "resnet20", workload_options={"width": 4}, ps_type="p3.2xlarge",
+                       checkpoint_every_s=60.0, lease_s=lease_s)
+driver.add_workers(run, "g4dn.4xlarge", 1, batch_size=8)
+driver.wait_for(run, lambda p: p.updates_total >= 3, timeout_s=120)
+(artifacts / "training").write_text("yes")
+threading.Event().wait()
+"""
+
+
+def _wait(condition, timeout_s: float, what: str) -> float:
+    """Poll `condition` until it holds; returns when (monotonic s). Fails after timeout_s."""
+    deadline_s = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline_s, f"{what} did not happen within {timeout_s:g} s"
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def test_a_killed_orchestrator_leaves_the_run_to_its_lease(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    orchestrator = subprocess.Popen([sys.executable, "-c", ORCHESTRATOR, str(tmp_path), repr(LEASE_S)], env=env)
+    provider = LocalProvider(tmp_path)
+    try:
+        _wait(lambda: (tmp_path / "training").exists() or orchestrator.poll() is not None, 180, "training")
+        assert orchestrator.poll() is None, "the orchestrator failed before training"
+        run_dir = tmp_path / "leased"
+        rows = provider._load("leased")["instances"]
+        assert [r["role"] for r in rows] == ["ps", "worker"]
+        orchestrator.send_signal(signal.SIGKILL)
+        orchestrator.wait()
+        killed_at = time.time()
+        killed_s = time.monotonic()
+        # the training goes on without it ...
+        _wait(lambda: any(r["kind"] == "update" and r["t"] > killed_at for r in read_records(run_dir)), LEASE_S,
+              "an update after the kill")
+        # ... until the lease lapses: then every process of the run ends by itself
+        ended_s = _wait(lambda: all(_proc_start_ticks(r["pid"]) is None for r in rows), LEASE_S + 60, "the run's end")
+        assert ended_s - killed_s <= LEASE_S + 30
+        records = read_records(run_dir)
+        stop = next(r for r in records if r["kind"] == "stop")
+        assert stop["reason"] == "lease_lapsed"
+        assert stop["t"] >= killed_at + LEASE_S - 2 * 2.0  # the lease ran from its last renewal (every 2 s)
+        final = checkpoint.load_checkpoint(checkpoint.list_checkpoints(run_dir / "checkpoints")[-1])
+        assert final["version"] == stop["version"]
+        assert {r["reason"] for r in records if r["kind"] == "leave"} == {"ps_stop"}
+        assert json.loads((run_dir / "lease.json").read_text())["lease_s"] == LEASE_S
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+        provider.cleanup("leased")
