@@ -20,11 +20,13 @@ import contextlib
 import importlib
 import math
 import os
+import random
 import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -34,6 +36,7 @@ from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 from tasks.core.thread_output import captured_output
 
 OPTIMIZERS = ("sgd", "adam")
+BUILD_SEED = 0  # the global generators' seed while a workload builds, in every process
 Batch = tuple[torch.Tensor, torch.Tensor]
 BatchSource = Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless batches
 
@@ -143,7 +146,6 @@ def synthetic_cifar(num_classes: int, noise: float = 1.0, data_seed: int = 0) ->
 
 
 def resnet(depth: int, num_classes: int = 10, width: int = 16, noise: float = 1.0) -> Workload:
-    torch.manual_seed(0)  # the PS's initial parameters are the same on every start
     return Workload(
         name=f"resnet{depth}" + ("-cifar100" if num_classes == 100 else ""),
         model=CifarResNet(depth, num_classes, width),
@@ -204,7 +206,6 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def transformer_lm(vocab: int = 64, seq_len: int = 32, d_model: int = 64, layers: int = 2, heads: int = 4) -> Workload:
-    torch.manual_seed(0)
     return Workload(
         name="transformer-lm",
         model=TinyTransformerLM(vocab, seq_len, d_model, layers, heads),
@@ -243,6 +244,27 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
         else:
             options[key] = value
     return options
+
+
+@contextlib.contextmanager
+def seeded_build(seed: int = BUILD_SEED):
+    """Around a builder: torch's, numpy's and Python's global generators start from `seed`, so
+    every process (the PS, each worker, each profiling cluster) builds the same initial parameters
+    and the same data from a plug-in that does not seed; afterwards they are as they were, so a
+    worker's own randomness (dropout, batches drawn from the global generator) stays its own."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+            if cuda_states is not None:
+                torch.cuda.set_rng_state_all(cuda_states)
 
 
 @contextlib.contextmanager
@@ -291,12 +313,13 @@ def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
 
 
 def build_workload(spec: str, options: dict | None = None) -> Workload:
-    """A built-in name or a `module:function` plug-in, built with keyword options; what a plug-in
-    returns is checked for shape (a Workload, or the tuple (model, batches, loss_fn))."""
+    """A built-in name or a `module:function` plug-in, built with keyword options under one seed
+    (`seeded_build`); what a plug-in returns is checked for shape (a Workload, or the tuple
+    (model, batches, loss_fn))."""
     options = options or {}
     builder = resolve_builder(spec)
     try:
-        with plugin_code(spec, "building"):
+        with plugin_code(spec, "building"), seeded_build():
             built = builder(**options)
     except TypeError as err:
         raise UserInputError(f"workload {spec!r} rejects options {options}: {err}") from None
