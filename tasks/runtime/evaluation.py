@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from tasks.core.errors import UserInputError, one_line
+
+if TYPE_CHECKING:  # torch is imported where a model is evaluated: the CLI parses targets without it
+    from torch import nn
 
 DIRECTIONS = ("<=", ">=")
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(<=|>=|=<|=>|<|>|==|=)\s*(\S+)\s*$")
@@ -55,6 +56,8 @@ def parse_target_metric(text: str) -> TargetMetric:
 def evaluate_model(spec: str, evaluate, model: nn.Module) -> dict[str, float]:
     """The plug-in's metrics of `model` (in eval mode, without gradients; its mode is restored),
     checked: a dict of metric names to finite numbers."""
+    import torch
+
     where = f"workload {spec!r}: evaluate(model)"
     was_training = model.training
     model.eval()

@@ -29,7 +29,7 @@ def build(classes: int = 4, dims: int = 8, spread: float = 1.0, broken: str = ""
         logits = model(inputs)
         metrics = {"val_acc": (logits.argmax(1) == labels).float().mean().item(),
                    "val_loss": F.cross_entropy(logits, labels).item()}
-        if broken == "nan":
+        if broken == "nan_value":
             metrics["val_loss"] = math.nan
         return [metrics] if broken == "list" else metrics
 
