@@ -13,7 +13,7 @@ from tasks.runtime.driver import free_port
 from tasks.runtime.ps import ParameterServer, PsConfig
 from tasks.runtime.workloads import build_workload
 
-UNSEEDED = "tests.plugins.regression:build"  # the guide's example: it seeds nothing
+UNSEEDED = "tests.plugins.global_rng:build"  # its data and model from the global generator, seeded nowhere
 
 
 def _params(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -21,6 +21,8 @@ def _params(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def test_a_plugin_that_does_not_seed_builds_the_same_model_and_data_each_time():
+    """Each process builds the same problem to learn (unseeded, every worker would learn its own:
+    on 5 workers the loss stayed near 18 where it falls to 0.03)."""
     first, second = build_workload(UNSEEDED), build_workload(UNSEEDED)
     assert all(torch.equal(a, b) for a, b in zip(_params(first.model), _params(second.model)))
     batch_a, batch_b = next(first.batches(4, 7)), next(second.batches(4, 7))
