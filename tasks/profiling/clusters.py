@@ -45,6 +45,7 @@ MEASURED_UPDATES = 3  # steady updates each worker needs for its medians
 BAND_MIN_SHARE = 0.1  # the common band must span this share of the loss's fall (levels to fit on)
 EXTRAPOLATION_SHARE = 0.25  # a loss target may lie this share of the profiled fall below the lowest loss seen
 TARGET_APPROACH = 1.5  # with a loss target, every cluster trains on until its loss is within this factor of it
+FLOOR_MARGIN = 1e-3  # the lowest target planned lies this share above the fitted curve's floor (gamma5)
 
 
 def band_reached(curves: list[list[tuple[int, float]]]) -> bool:
@@ -110,7 +111,7 @@ def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float
     the clusters reached within the profiling budget `budget_s`, is refused before planning, in
     one line: the lowest target that can be planned, and what would change that."""
     lowest = min(loss for c in clusters for _, loss in c.losses)
-    floor = max(lowest_reachable_target(clusters), curve.gamma5 * 1.001)
+    floor = max(lowest_reachable_target(clusters), curve.gamma5 + FLOOR_MARGIN * abs(curve.gamma5))
     if target_loss >= floor:
         return
     if target_loss <= curve.gamma5:
