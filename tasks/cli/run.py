@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None, help="use this profile instead of profiling")
     p.add_argument("--profiling", choices=["quick", "full"], default="quick", help="profiling preset")
     p.add_argument("--profile-budget-s", type=cli_args.duration_s, default=None,
-                   help="seconds the profiling clusters may train in all, until they share a loss band (default: 300)")
+                   help="seconds the profiling clusters may train in all, until they share a loss band and come near the loss target (default: 300)")
     p.add_argument("--async-rule", choices=sorted(RULES), default=DEFAULT_RULE,
                    help=f"how the parameter server applies a stale gradient (default: {DEFAULT_RULE})")
     p.add_argument("--solver", choices=solver_names(), default=DEFAULT_SOLVER)

@@ -13,7 +13,9 @@ from tasks.core.folder_lock import FolderLock
 from tasks.core.limits import check_mbps, env_limit
 from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
+from tasks.core.command_line import arg_type
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
+from tasks.runtime.evaluation import parse_target_metric
 
 # Local workers are processes on this machine: more than this is a typo that would swamp it.
 DEFAULT_MAX_LOCAL_WORKERS = 16
@@ -30,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per GPU: a type with g GPUs trains g replicas and pushes g x this per iteration")
     p.add_argument("--max-updates", type=positive_int, default=None, help="stop after this many updates")
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
+    p.add_argument("--target-metric", type=arg_type(parse_target_metric), default=None, metavar="NAME<=X|NAME>=X",
+                   help="judge the trained model on a metric its workload's evaluate(model) reports (docs/plugins.md)")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
     p.add_argument("--ps-mbps", type=cli_args.mbps, default=None, help="emulated PS bandwidth cap (each shard's)")
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
@@ -99,7 +103,9 @@ def _train(args: argparse.Namespace) -> int:
                  if value is not None]
         if given:
             raise UserInputError(f"{given[0]} sets how a trace is replayed, but no --trace is given")
-    check_workload(args.workload, options)  # last: it builds the model and trains one step
+    if args.target_metric and args.num_ps > 1:
+        raise UserInputError("--target-metric judges the final checkpoint of one parameter server: use --num-ps 1")
+    workload = check_workload(args.workload, options, target_metric=args.target_metric)  # last: builds, trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
     with FolderLock(provider.run_dir(run_id), f"run {run_id}"):  # one command per run
         return _train_owned(args, provider, run_id, options)
@@ -165,6 +171,11 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict)
         "workers": {str(w): {"instance_type": s.instance_type, "gpus": s.gpus, "updates": s.updates, "samples": s.samples,
                              "max_staleness": s.max_staleness, "left": s.left} for w, s in final.workers.items()},
     }
+    if args.target_metric:
+        metrics = final_metrics(args.workload, options, workload.evaluate, run.run_dir)
+        result["metrics"] = metrics
+        result["target_metric"] = {"target": str(args.target_metric),
+                                   "met": args.target_metric.met(metrics[args.target_metric.name])}
     if args.json:
         print_json(result)
     else:
@@ -172,6 +183,10 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict)
         print(f"run {run_id}: {result['updates']} updates, {result['samples']} samples, smoothed loss {loss}, "
               f"stopped by {result['stopped']}, {result['elapsed_s']:.1f} s")
         print(f"telemetry: {run.run_dir}/telemetry.jsonl")
+        if args.target_metric:
+            t, value = args.target_metric, result["metrics"][args.target_metric.name]
+            print(f"target metric {t}: {t.name} = {value:.4g} on the trained model, "
+                  f"{'met' if result['target_metric']['met'] else 'not met'}")
     if stopped == "diverged":
         sys.stderr.write(f"spotfill: the loss diverged (NaN or infinite after {final.updates_total} updates); "
                          "lower the learning rate or check the workload\n")
@@ -185,3 +200,18 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict)
                          f"{driver.last_log_line(run.run_dir, workers[-1])}\n")
         return 1
     return 0
+
+
+def final_metrics(spec: str, options: dict, evaluate, run_dir: Path) -> dict[str, float]:
+    """The workload's metrics of the model the run trained: its PS's newest checkpoint loaded into
+    a model built as the PS built it."""
+    from tasks.runtime import checkpoint, flat  # deferred: torch (start-up cost)
+    from tasks.runtime.evaluation import evaluate_model
+    from tasks.runtime.workloads import build_workload
+
+    state = checkpoint.load_latest(run_dir / "checkpoints", quarantine=False)
+    if state is None:
+        raise UserInputError(f"the run left no checkpoint in {run_dir}/checkpoints to evaluate")
+    model = build_workload(spec, options).model
+    flat.bind(model, with_grads=False).state.copy_(state["params"])
+    return evaluate_model(spec, evaluate, model)

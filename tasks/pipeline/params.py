@@ -162,7 +162,7 @@ class TrainRequest(BaseModel):
     profile: str | None = Field(None, title="Profile", description="use this profile JSON instead of profiling")
     profiling: Literal["quick", "full"] = Field("quick", title="Profiling", description="profiling preset (tasks/profiling/presets.py)")
     profile_budget_s: float | None = Field(
-        None, gt=0, le=MAX_DURATION_S, title="Profiling budget (s)", description="seconds the profiling clusters may train in all until they share a loss band "
+        None, gt=0, le=MAX_DURATION_S, title="Profiling budget (s)", description="seconds the profiling clusters may train in all until they share a loss band and come near the target "
                                 "(default: the preset's, 300)")
     async_rule: Literal["guarded", "momentum", "sqrt", "inverse"] = Field(
         "guarded", title="Async rule", description="how the parameter server applies a stale gradient (docs/runtime.md)")

@@ -12,14 +12,22 @@ waves). A wave judged alone cannot know how far later waves will go: when a late
 leaves an earlier (stopped) one above every band they could share, that cluster is trained again
 from the start, alone, until they share one (`laggard`). A model that has not crossed a common band
 when the budget ends is a ProfilingError saying to raise the budget.
+
+A loss target moves that end: the clusters train on until each has come within TARGET_APPROACH
+times the target (`target_approached`), so the curve is fitted on losses near the target rather than
+extrapolated from a band far above it; a budget that ends first only stops them. After the fit,
+`check_target_profiled` refuses a target the fitted curve still cannot reach, in one line with the
+lowest target that can be planned and the budget that would train the clusters to it.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tasks.profiling.fit import loss_band
+from tasks.core.profile import LossCurve
+from tasks.profiling.fit import cluster_shape, iterations_to_loss, loss_band
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation, megabits_to_mbps
 from tasks.profiling.runs import (
     WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
@@ -36,6 +44,8 @@ def loss_smoothing() -> float:
 MEASURED_UPDATES = 3  # steady updates each worker needs for its medians
 BAND_MIN_SHARE = 0.1  # the common band must span this share of the loss's fall (levels to fit on)
 EXTRAPOLATION_SHARE = 0.25  # a loss target may lie this share of the profiled fall below the lowest loss seen
+TARGET_APPROACH = 1.5  # with a loss target, every cluster trains on until its loss is within this factor of it
+FLOOR_MARGIN = 1e-3  # the lowest target planned lies this share above the fitted curve's floor (gamma5)
 
 
 def band_reached(curves: list[list[tuple[int, float]]]) -> bool:
@@ -57,6 +67,17 @@ def laggard(curves: list[list[tuple[int, float]]]) -> int:
     return max(range(len(curves)), key=lambda i: min(loss for _, loss in curves[i]))
 
 
+def target_approached(curves: list[list[tuple[int, float]]], target_loss: float | None) -> bool:
+    """Whether every cluster's smoothed loss has come within TARGET_APPROACH times the target (no
+    target: always): the band the curve is fitted on then reaches down near the target."""
+    return target_loss is None or all(c and min(loss for _, loss in c) <= TARGET_APPROACH * target_loss for c in curves)
+
+
+def trained_enough(curves: list[list[tuple[int, float]]], target_loss: float | None) -> bool:
+    """A common band to fit on and, with a target, every cluster near it."""
+    return band_reached(curves) and target_approached(curves, target_loss)
+
+
 def no_band_error(curves: list[list[tuple[int, float]]], budget_s: float) -> ProfilingError:
     lows = ", ".join(f"{min(l for _, l in c):.4g}" for c in curves if c)
     return ProfilingError(f"the profiled clusters did not cross a common loss band within the profiling budget of "
@@ -72,14 +93,36 @@ def lowest_reachable_target(clusters: list[ClusterMeasurement]) -> float:
     return lowest - EXTRAPOLATION_SHARE * max(0.0, first - lowest)
 
 
-def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float) -> None:
-    """A loss target far below anything profiling saw is refused before planning."""
-    floor = lowest_reachable_target(clusters)
-    if target_loss < floor:
-        lowest = min(loss for c in clusters for _, loss in c.losses)
-        raise ProfilingError(f"loss target {target_loss:g} is below what profiling saw (lowest smoothed loss "
-                             f"{lowest:.4g}; targets down to {floor:.4g} are planned): raise --profile-budget-s "
-                             f"so the clusters train further, or aim at --loss {floor:.4g} or above")
+def budget_to_reach(clusters: list[ClusterMeasurement], curve: LossCurve, target_loss: float, budget_s: float) -> float:
+    """The profiling budget that would train every cluster down to `target_loss` on the fitted
+    `curve` (above its gamma5): `budget_s` scaled by the slowest cluster's updates needed over
+    those it made (time per update stays the same as a cluster trains on)."""
+    g = [curve.gamma1, curve.gamma2, curve.gamma3, curve.gamma4, curve.gamma5] + ([curve.kappa] if curve.kappa else [])
+    scale = 1.0
+    for c in clusters:
+        bw, cc = cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers])
+        needed = float(iterations_to_loss(target_loss, bw, cc, c.n, g))
+        scale = max(scale, needed / max(1, c.losses[-1][0]))
+    return math.ceil(budget_s * scale / 10) * 10
+
+
+def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float, curve: LossCurve, budget_s: float) -> None:
+    """A loss target the fitted `curve` cannot reach (at or below its gamma5), or one far below what
+    the clusters reached within the profiling budget `budget_s`, is refused before planning, in
+    one line: the lowest target that can be planned, and what would change that."""
+    lowest = min(loss for c in clusters for _, loss in c.losses)
+    floor = max(lowest_reachable_target(clusters), curve.gamma5 + FLOOR_MARGIN * abs(curve.gamma5))
+    if target_loss >= floor:
+        return
+    if target_loss <= curve.gamma5:
+        raise ProfilingError(f"loss target {target_loss:g} is unreachable: profiling trained toward it (lowest smoothed "
+                             f"loss {lowest:.4g}) and the fitted loss curve levels off at gamma5 = {curve.gamma5:.4g}; "
+                             f"aim at --loss {floor:.4g} or above")
+    needed_s = budget_to_reach(clusters, curve, target_loss, budget_s)
+    raise ProfilingError(f"loss target {target_loss:g} is below what profiling saw within its budget of {budget_s:g} s "
+                         f"(lowest smoothed loss {lowest:.4g}; targets down to {floor:.4g} are planned): raise "
+                         f"--profile-budget-s to about {needed_s:g} so the clusters train down to it, or aim at "
+                         f"--loss {floor:.4g} or above")
 
 
 def smoothed_losses(updates: list[dict], factor: float) -> list[tuple[int, float]]:
@@ -114,9 +157,11 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                      clusters: list[dict[str, int]], *, duration_s: float = 30.0, workload_options: dict | None = None,
                      ps_megabits_per_s: float | None = None, ps_bandwidth_mbps: float | None = None,
                      ps_type: str | None = None, side_by_side: int | None = None,
-                     budget_s: float = 300.0, async_rule: str | None = None) -> list[ClusterMeasurement]:
+                     budget_s: float = 300.0, async_rule: str | None = None,
+                     target_loss: float | None = None) -> list[ClusterMeasurement]:
     """Train every cluster for at least `duration_s` seconds of updates each, and on until they
-    all cross a common loss band, `side_by_side` at a time (default: all at once), in the order
+    all cross a common loss band and, with `target_loss`, come near it (`trained_enough`; a wave
+    whose share of the budget ends with a band but short of the target stops there), `side_by_side` at a time (default: all at once), in the order
     given; wave k of m must be done `budget_s` * k / m seconds after the stage started.
 
     `ps_megabits_per_s` caps the PS's emulated NIC (local provider); `ps_bandwidth_mbps` is the PS
@@ -150,7 +195,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                                     ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type,
                                     deadline_s=started_s + budget_s * k / len(waves), budget_s=budget_s,
                                     earlier=[smoothed_losses(update_records(r), factor) for r in runs],
-                                    async_rule=async_rule)
+                                    async_rule=async_rule, target_loss=target_loss)
     stage_end_s = started_s + budget_s
     again = 0
     while not band_reached(curves := [smoothed_losses(update_records(r), factor) for r in runs]):
@@ -161,7 +206,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                                       duration_s=duration_s, workload_options=workload_options,
                                       ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type, deadline_s=stage_end_s,
                                       budget_s=budget_s, earlier=curves[:k] + curves[k + 1:],
-                                      async_rule=async_rule)[0]
+                                      async_rule=async_rule, target_loss=target_loss)[0]
     wall_s = time.monotonic() - started_s
     results = []
     for cluster, run in zip(clusters, runs):
@@ -185,10 +230,12 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
 def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type: dict[str, TypeMeasurement],
                         numbered: list[tuple[int, dict[str, int]]], *, duration_s: float, workload_options: dict | None,
                         ps_megabits_per_s: float | None, ps_type: str | None, deadline_s: float,
-                        budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None) -> list:
+                        budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None,
+                        target_loss: float | None = None) -> list:
     """Start the clusters at once, wait until each trained `duration_s` and all of them with the
-    `earlier` waves' curves cross a common loss band (by `deadline_s`), or until an earlier curve
-    is the laggard (training these on only lowers the band further below it), stop them all (always)."""
+    `earlier` waves' curves are trained enough (a common loss band; near `target_loss`) by
+    `deadline_s`, or until an earlier curve is the laggard (training these on only lowers the band
+    further below it), stop them all (always). At `deadline_s` a band is enough."""
     from tasks.runtime.driver import start_run, stop_run  # deferred: torch (start-up cost)
 
     runs = []
@@ -222,9 +269,11 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                        f"(raise --profile-budget-s)")
         while True:
             curves = earlier + [smoothed_losses(update_records(run), factor) for run in ordered]
-            if band_reached(curves) or laggard(curves) < len(earlier):
+            if trained_enough(curves, target_loss) or laggard(curves) < len(earlier):
                 break
             if time.monotonic() > deadline_s:
+                if band_reached(curves):
+                    break  # short of the target: check_target_profiled says what budget would reach it
                 raise no_band_error(curves, budget_s)
             for run in ordered:
                 check_not_diverged(update_records(run), f"profiling cluster run {run.run_id}")

@@ -34,7 +34,7 @@ class Preset:
     clusters_side_by_side: int = 1  # fit clusters trained at once (1: each alone, as validation trains)
     repeats: int = 2  # validation runs per configuration (observed = their mean; validate.py)
     settings: dict = field(default_factory=dict)
-    cluster_budget_s: float = 300.0  # ...and on until they share a loss band, within this (all waves)
+    cluster_budget_s: float = 300.0  # ...and on until they share a loss band (and near a target), within this (all waves)
 
     def emulation(self, param_mb: float, nic_megabits_per_s: float) -> dict:
         """Provider and PS settings: bandwidth_scale for the provider, ps_megabits_per_s for runs."""

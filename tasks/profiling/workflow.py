@@ -30,15 +30,15 @@ PROFILING_STAGES = ("types alone", "clusters", "fit and save")
 class ProfilingJob:
     """What to profile, and the rules a run adds. `spotfill profile` profiles a preset alone; the
     pipeline adds its request's async rule (its clusters train under the rule the run trains
-    under), quotas (written into the profile) and loss target (checked against what the clusters
-    reached, before the fit plans on their curve)."""
+    under), quotas (written into the profile) and loss target (the clusters train toward it, and
+    it is checked against the fitted curve before the planner plans on it)."""
 
     preset: Preset
     emulation: dict  # the local provider's emulation ({} on AWS): part of what is measured
     provider_name: str
     async_rule: str | None = None  # None: the runtime's default rule
     quotas: dict[str, int] | None = None  # None: fit_profile's default quota
-    target_loss: float | None = None  # None: no target to check
+    target_loss: float | None = None  # None: no target to train toward and check
     provenance_settings: dict | None = None  # what the profile records as its settings; None: settings()
 
     def settings(self) -> dict:
@@ -51,8 +51,10 @@ class ProfilingJob:
 
     def key_settings(self) -> dict:
         """What the cache key covers besides the workload, its options and the types: settings(),
-        the provider, and the async rule the clusters train under."""
-        return {**self.settings(), "provider": self.provider_name, "async_rule": self.async_rule}
+        the provider, the async rule the clusters train under and the loss target they train
+        toward (when there is one)."""
+        target = {} if self.target_loss is None else {"target_loss": self.target_loss}
+        return {**self.settings(), "provider": self.provider_name, "async_rule": self.async_rule, **target}
 
 
 def cache_key(job: ProfilingJob, types: list[str]) -> str:
@@ -86,7 +88,7 @@ def measure_clusters(job: ProfilingJob, provider: Provider, run_id: str,
                                 duration_s=p.cluster_duration_s, workload_options=p.workload_options,
                                 ps_megabits_per_s=job.emulation.get("ps_megabits_per_s"),
                                 side_by_side=p.clusters_side_by_side, budget_s=p.cluster_budget_s,
-                                async_rule=job.async_rule)
+                                async_rule=job.async_rule, target_loss=job.target_loss)
     finally:
         provider.cleanup(clusters_run_id)
 
@@ -99,13 +101,13 @@ def measured_wall_s(measurements: list[TypeMeasurement], clusters: list[ClusterM
 
 def fit_and_save(job: ProfilingJob, measurements: list[TypeMeasurement], clusters: list[ClusterMeasurement],
                  directory: Path, wall_s: dict[str, float], key: str | None = None) -> tuple[Path, FittedProfile]:
-    """Step 3: the target check, the fit and the profile directory (`key`: the cache key taken
-    before measuring, so a code change during profiling cannot mislabel the profile)."""
+    """Step 3: the fit, the target checked against it and the profile directory (`key`: the
+    cache key taken before measuring, so a code change during profiling cannot mislabel the profile)."""
     p = job.preset
-    if job.target_loss is not None:
-        check_target_profiled(clusters, job.target_loss)
     types = list(p.types)
     fitted = fit_profile(p.workload, measurements, clusters, quotas=job.quotas)
+    if job.target_loss is not None:
+        check_target_profiled(clusters, job.target_loss, fitted.profile.loss, p.cluster_budget_s)
     settings = job.settings() if job.provenance_settings is None else job.provenance_settings
     info = provenance(job.provider_name, types, p.workload_options, settings, wall_s)
     path = save_profile(fitted, RawMeasurements(measurements, clusters), directory,

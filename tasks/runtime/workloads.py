@@ -17,14 +17,17 @@ The user's guide is docs/plugins.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import math
 import os
+import random
 import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -32,8 +35,10 @@ import torch.nn.functional as F
 from tasks.core.errors import UserInputError, one_line
 from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 from tasks.core.thread_output import captured_output
+from tasks.runtime.evaluation import TargetMetric, check_target_metric, evaluate_model
 
 OPTIMIZERS = ("sgd", "adam")
+BUILD_SEED = 0  # the global generators' seed while a workload builds, in every process
 Batch = tuple[torch.Tensor, torch.Tensor]
 BatchSource = Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless batches
 
@@ -53,6 +58,8 @@ class Workload:
     optimizer: str = "sgd"  # one of OPTIMIZERS: "sgd" (momentum 0.9, weight decay 1e-4) or "adam"
     base_lr: float = 0.05
     base_batch: int = 128
+    # optional: the model's metrics on held-out data, {name: value} (tasks/runtime/evaluation.py)
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         if self.optimizer == "adam":
@@ -143,7 +150,6 @@ def synthetic_cifar(num_classes: int, noise: float = 1.0, data_seed: int = 0) ->
 
 
 def resnet(depth: int, num_classes: int = 10, width: int = 16, noise: float = 1.0) -> Workload:
-    torch.manual_seed(0)  # the PS's initial parameters are the same on every start
     return Workload(
         name=f"resnet{depth}" + ("-cifar100" if num_classes == 100 else ""),
         model=CifarResNet(depth, num_classes, width),
@@ -204,7 +210,6 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def transformer_lm(vocab: int = 64, seq_len: int = 32, d_model: int = 64, layers: int = 2, heads: int = 4) -> Workload:
-    torch.manual_seed(0)
     return Workload(
         name="transformer-lm",
         model=TinyTransformerLM(vocab, seq_len, d_model, layers, heads),
@@ -243,6 +248,27 @@ def parse_options(items: list[str] | None) -> dict[str, int | float | str]:
         else:
             options[key] = value
     return options
+
+
+@contextlib.contextmanager
+def seeded_build(seed: int = BUILD_SEED):
+    """Around a builder: torch's, numpy's and Python's global generators start from `seed`, so
+    every process (the PS, each worker, each profiling cluster) builds the same initial parameters
+    and the same data from a plug-in that does not seed; afterwards they are as they were, so a
+    worker's own randomness (dropout, batches drawn from the global generator) stays its own."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+            if cuda_states is not None:
+                torch.cuda.set_rng_state_all(cuda_states)
 
 
 @contextlib.contextmanager
@@ -291,12 +317,13 @@ def resolve_builder(spec: str) -> Callable[..., Workload | tuple]:
 
 
 def build_workload(spec: str, options: dict | None = None) -> Workload:
-    """A built-in name or a `module:function` plug-in, built with keyword options; what a plug-in
-    returns is checked for shape (a Workload, or the tuple (model, batches, loss_fn))."""
+    """A built-in name or a `module:function` plug-in, built with keyword options under one seed
+    (`seeded_build`); what a plug-in returns is checked for shape (a Workload, or the tuple
+    (model, batches, loss_fn))."""
     options = options or {}
     builder = resolve_builder(spec)
     try:
-        with plugin_code(spec, "building"):
+        with plugin_code(spec, "building"), seeded_build():
             built = builder(**options)
     except TypeError as err:
         raise UserInputError(f"workload {spec!r} rejects options {options}: {err}") from None
@@ -317,7 +344,8 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
         raise UserInputError(f"workload {spec!r}: the model is a {type(built.model).__name__}, not a torch.nn.Module")
     if not any(p.requires_grad for p in built.model.parameters()):
         raise UserInputError(f"workload {spec!r}: the model has no trainable parameters")
-    for what, value in (("batches", built.batches), ("loss_fn", built.loss_fn)):
+    optional = [("evaluate", built.evaluate)] if built.evaluate is not None else []
+    for what, value in [("batches", built.batches), ("loss_fn", built.loss_fn), *optional]:
         if not callable(value):
             raise UserInputError(f"workload {spec!r}: {what} is a {type(value).__name__}, not callable")
     if built.optimizer not in OPTIMIZERS:
@@ -328,18 +356,30 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
     return built
 
 
-def check_workload(spec: str, options: dict | None = None, batch_size: int = 2) -> Workload:
+def check_workload(spec: str, options: dict | None = None, batch_size: int = 2,
+                   target_metric: TargetMetric | None = None) -> Workload:
     """Refuse a bad workload in one line before any parameter server or worker starts. First it
     is built on torch's meta device (no memory), so that a bad name, a bad or non-finite option,
     or a model past SPOTFILL_MAX_PARAMS fails at once; then it is built for real and trained one
     step on a copy of the model, in this process: a batch source that yields no (inputs, targets)
     pair, a loss that is not a finite scalar, or a loss that does not reach the parameters is one
-    UserInputError naming the cause."""
+    UserInputError naming the cause. A workload with an `evaluate` is evaluated once on the model
+    as built (tasks/runtime/evaluation.py), and `target_metric` must be among what it reports."""
     options = options or {}
     _check_size(spec, options)
     workload = build_workload(spec, options)
     with plugin_code(spec, "training one step"):
-        return _one_step(spec, workload, batch_size)
+        _one_step(spec, workload, batch_size)
+    if workload.evaluate is None:
+        if target_metric is not None:
+            raise UserInputError(f"target metric {target_metric.name!r} needs an evaluate(model) in workload {spec!r}, "
+                                 "which has none (docs/plugins.md)")
+        return workload
+    with plugin_code(spec, "evaluating"):
+        metrics = evaluate_model(spec, workload.evaluate, copy.deepcopy(workload.model))
+    if target_metric is not None:
+        check_target_metric(spec, metrics, target_metric)
+    return workload
 
 
 def _check_size(spec: str, options: dict) -> None:
@@ -377,8 +417,6 @@ def _check_size(spec: str, options: dict) -> None:
 
 
 def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:
-    import copy
-
     model = copy.deepcopy(workload.model)
     where = f"workload {spec!r}"
     try:

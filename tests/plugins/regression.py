@@ -5,7 +5,6 @@ import torch.nn.functional as F
 
 
 def build(inputs: int = 16, noise: float = 0.1):
-    torch.manual_seed(0)  # every process builds the same initial parameters
     weights = torch.randn(inputs, 1, generator=torch.Generator().manual_seed(1))
 
     def batches(batch_size: int, seed: int):

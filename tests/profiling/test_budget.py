@@ -1,9 +1,13 @@
-"""Profiling that adapts to the model: the clusters' common loss band, and the loss target checked
-against what profiling saw (tasks/profiling/clusters.py)."""
+"""Profiling that adapts to the model and its target: the clusters' common loss band, training on
+toward a loss target, and the target checked against the fitted curve (tasks/profiling/clusters.py)."""
 import pytest
 
-from tasks.profiling.clusters import band_reached, check_target_profiled, laggard, lowest_reachable_target
-from tasks.profiling.measurements import ClusterMeasurement, ProfilingError
+from tasks.profiling.clusters import (
+    band_reached, budget_to_reach, check_target_profiled, laggard, lowest_reachable_target, trained_enough,
+)
+from tasks.profiling.fit import cluster_shape, fit_profile, iterations_to_loss
+from tasks.profiling.measurements import ProfilingError
+from tests.profiling.synthetic import GAMMA_WITHOUT_R, synthetic_measurements
 
 
 def _curve(first: float, floor: float, updates: int, speed: float = 1.0) -> list[tuple[int, float]]:
@@ -30,17 +34,54 @@ def test_a_wave_stopped_early_is_the_laggard_a_later_wave_leaves_behind():
     assert band_reached([_curve(10.0, 1.0, 400)[:200], later])  # trained again further: a band they share
 
 
-def _cluster(losses) -> ClusterMeasurement:
-    return ClusterMeasurement(cluster={"t": 1}, workers=[], ps_bandwidth_mbps=10.0, updates_total=len(losses),
-                              duration_s=10.0, ps_throughput_mbps=1.0, losses=losses, wall_s=10.0)
+def _trained_for(clusters, updates: int):
+    """The synthetic clusters as if profiling had stopped them after `updates` updates."""
+    return [c.model_copy(update={"losses": c.losses[:updates], "updates_total": updates}) for c in clusters]
 
 
-def test_a_target_far_below_what_profiling_saw_is_refused_naming_the_flag():
-    clusters = [_cluster(_curve(10.0, 1.0, 100, speed=2.0)), _cluster(_curve(10.0, 1.0, 100))]
-    lowest = min(loss for c in clusters for _, loss in c.losses)
-    first = (clusters[0].losses[0][1] + clusters[1].losses[0][1]) / 2
-    floor = lowest_reachable_target(clusters)
-    assert floor == pytest.approx(lowest - 0.25 * (first - lowest))
-    check_target_profiled(clusters, floor)  # at the floor: planned
-    with pytest.raises(ProfilingError, match="raise --profile-budget-s .* or aim at --loss"):
-        check_target_profiled(clusters, floor - 0.01)
+def test_a_loss_target_keeps_the_clusters_training_past_the_band_until_each_is_near_it():
+    """The issue's case: the clusters share a band far above the target; without one they would
+    stop there, with it they train on until each has come within TARGET_APPROACH of it."""
+    _, clusters = synthetic_measurements()
+    at_band = [c.losses for c in _trained_for(clusters, 150)]
+    assert band_reached(at_band) and trained_enough(at_band, None)
+    assert not trained_enough(at_band, 1.35)  # the slowest cluster is still above 1.5 x 1.35
+    assert trained_enough([c.losses for c in clusters], 1.35)
+
+
+def test_a_target_below_the_fitted_curves_floor_is_refused_with_the_lowest_that_can_be_planned():
+    """The synthetic curve levels off at 1.3: a target below it is unreachable however long
+    profiling trains, and the refusal names the lowest target the planner takes."""
+    types, clusters = synthetic_measurements()
+    curve = fit_profile("synthetic", types, clusters).profile.loss
+    assert curve.gamma5 == pytest.approx(GAMMA_WITHOUT_R[4], rel=0.01)
+    assert lowest_reachable_target(clusters) < curve.gamma5  # the old rule alone would have planned 1.2
+    with pytest.raises(ProfilingError, match=r"^loss target 1.2 is unreachable: .* levels off at gamma5 = 1.299; "
+                                             r"aim at --loss 1.30\d* or above$"):
+        check_target_profiled(clusters, 1.2, curve, budget_s=300.0)
+    check_target_profiled(clusters, 1.35, curve, budget_s=300.0)  # below anything seen, above the floor: planned
+
+
+def test_a_target_the_budget_stopped_short_of_is_refused_with_the_budget_that_would_reach_it():
+    types, clusters = synthetic_measurements()
+    short = _trained_for(clusters, 100)
+    curve = fit_profile("synthetic", types, short).profile.loss
+    floor = lowest_reachable_target(short)
+    assert curve.gamma5 < floor
+    check_target_profiled(short, floor, curve, budget_s=100.0)  # at the floor: planned
+    with pytest.raises(ProfilingError, match=r"below what profiling saw within its budget of 100 s .* raise "
+                                             r"--profile-budget-s to about \d+ .* or aim at --loss"):
+        check_target_profiled(short, floor - 0.005, curve, budget_s=100.0)
+
+
+def test_the_budget_that_would_reach_a_target_follows_the_slowest_clusters_curve():
+    """On clusters that trained long enough for an accurate fit, the budget named for a target
+    below what they saw is the true curve's updates to it, over those they made, times the budget."""
+    types, clusters = synthetic_measurements()
+    curve = fit_profile("synthetic", types, clusters).profile.loss
+    true_scale = max(
+        float(iterations_to_loss(1.45, *cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers]),
+                                 c.n, GAMMA_WITHOUT_R)) / c.losses[-1][0]
+        for c in clusters)
+    assert true_scale > 1
+    assert budget_to_reach(clusters, curve, 1.45, 100.0) == pytest.approx(100.0 * true_scale, rel=0.1)

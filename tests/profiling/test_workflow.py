@@ -90,9 +90,10 @@ def test_a_runs_job_trains_under_its_rule_writes_its_quotas_and_checks_its_targe
     assert data["provenance"]["settings"] == {"preset": "quick"}
     assert list(data["provenance"]["wall_s"]) == ["type:fast", "type:slow", "clusters_total"]
     assert path.parent == profile_dir(tmp_path, "synthetic", cache_key(job, TYPES))
-    with pytest.raises(ProfilingError, match="loss target 0.5 is below what profiling saw"):
+    assert measured["clusters"][0][3]["target_loss"] == 1.7  # the clusters train toward it
+    with pytest.raises(ProfilingError, match="loss target 0.5 is unreachable: .* levels off at gamma5"):
         fit_and_save(dataclasses.replace(job, target_loss=0.5), measurements, clusters, tmp_path / "low", {})
-    assert not (tmp_path / "low").exists()  # refused before the fit
+    assert not (tmp_path / "low").exists()  # refused before anything is saved
 
 
 def test_one_key_covers_what_decides_the_measurements():
@@ -100,9 +101,10 @@ def test_one_key_covers_what_decides_the_measurements():
     key = cache_key(job, TYPES)
     assert key == cache_key(ProfilingJob(PRESET, dict(EMULATION), "local"), list(reversed(TYPES)))
     assert key != cache_key(job, ["fast"])
-    assert key == cache_key(dataclasses.replace(job, quotas={"fast": 1}, target_loss=1.0,
+    assert key == cache_key(dataclasses.replace(job, quotas={"fast": 1},
                                                 provenance_settings={"preset": "quick"}), TYPES)  # not measured
     for changed in (dataclasses.replace(job, async_rule="momentum"), dataclasses.replace(job, provider_name="aws"),
+                    dataclasses.replace(job, target_loss=1.0),  # the clusters train toward it
                     dataclasses.replace(job, emulation={**EMULATION, "ps_megabits_per_s": 80.0}),
                     dataclasses.replace(job, preset=dataclasses.replace(PRESET, cluster_budget_s=60.0)),
                     dataclasses.replace(job, preset=dataclasses.replace(PRESET, workload_options={"seq_len": 16}))):

@@ -1,0 +1,90 @@
+"""A plug-in's own metric: the optional `evaluate(model) -> {name: value}` of the workload contract,
+and a target on one of its metrics (`NAME<=X` or `NAME>=X`).
+
+Both are checked before anything starts (check_workload): an evaluate that raises, returns
+something other than a dict of numbers, or a NaN or infinite value, and a target metric the
+plug-in does not report or a direction that is neither <= nor >=, are one line naming the cause.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tasks.core.errors import UserInputError, one_line
+
+if TYPE_CHECKING:  # torch is imported where a model is evaluated: the CLI parses targets without it
+    from torch import nn
+
+DIRECTIONS = ("<=", ">=")
+_TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(<=|>=|=<|=>|<|>|==|=)\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class TargetMetric:
+    """A promise on one metric: `name` at or below (`<=`) or at or above (`>=`) `value`."""
+
+    name: str
+    direction: str  # one of DIRECTIONS
+    value: float
+
+    def met(self, observed: float) -> bool:
+        return observed <= self.value if self.direction == "<=" else observed >= self.value
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.direction}{self.value:g}"
+
+
+def parse_target_metric(text: str) -> TargetMetric:
+    """`val_acc>=0.9` or `val_loss<=0.3` into a TargetMetric; anything else is one line."""
+    match = _TARGET.match(text)
+    if match is None:
+        raise UserInputError(f"target metric must be NAME<=X or NAME>=X, got {text!r}")
+    name, direction, number = match.groups()
+    if direction not in DIRECTIONS:
+        raise UserInputError(f"target metric {text!r}: the direction must be <= or >=, not {direction}")
+    try:
+        value = float(number)
+    except ValueError:
+        raise UserInputError(f"target metric {text!r}: {number!r} is not a number") from None
+    if not math.isfinite(value):
+        raise UserInputError(f"target metric {text!r}: the value must be a finite number")
+    return TargetMetric(name, direction, value)
+
+
+def evaluate_model(spec: str, evaluate, model: nn.Module) -> dict[str, float]:
+    """The plug-in's metrics of `model` (in eval mode, without gradients; its mode is restored),
+    checked: a dict of metric names to finite numbers."""
+    import torch
+
+    where = f"workload {spec!r}: evaluate(model)"
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            metrics = evaluate(model)
+    except Exception as err:  # noqa: BLE001 - the plug-in's own failure, in one line
+        raise UserInputError(f"{where} failed: {type(err).__name__}: {one_line(err)}") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(metrics, dict) or not metrics:
+        raise UserInputError(f"{where} must return a non-empty dict of metric names to numbers, "
+                             f"got {type(metrics).__name__}")
+    checked = {}
+    for name, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserInputError(f"{where} returned {name!r}: {type(value).__name__}; metric values must be numbers")
+        if not math.isfinite(value):
+            raise UserInputError(f"{where} returned {name} = {value} (not finite)")
+        checked[name] = float(value)
+    return checked
+
+
+def check_target_metric(spec: str, metrics: dict[str, float], target: TargetMetric) -> None:
+    """The target's metric must be one the plug-in reports."""
+    if target.name not in metrics:
+        raise UserInputError(f"target metric {target.name!r} is not reported by workload {spec!r} "
+                             f"(its evaluate reports {', '.join(sorted(metrics))})")

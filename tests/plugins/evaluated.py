@@ -1,0 +1,38 @@
+"""The guide's classifier with an evaluation: accuracy and loss on held-out batches (a seed no
+worker draws from), and variants whose evaluate is broken in each way the checks refuse."""
+import math
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from tasks.runtime.workloads import Workload
+
+HELD_OUT_SEED = 2**31 - 1
+
+
+def build(classes: int = 4, dims: int = 8, spread: float = 1.0, broken: str = ""):
+    centres = 2 * torch.randn(classes, dims)
+
+    def batches(batch_size: int, seed: int):
+        rng = torch.Generator().manual_seed(seed)
+        while True:
+            labels = torch.randint(0, classes, (batch_size,), generator=rng)
+            yield centres[labels] + spread * torch.randn(batch_size, dims, generator=rng), labels
+
+    held_out = next(batches(512, HELD_OUT_SEED))
+
+    def evaluate(model):
+        if broken == "raises":
+            raise ValueError("no held-out data")
+        inputs, labels = held_out
+        logits = model(inputs)
+        metrics = {"val_acc": (logits.argmax(1) == labels).float().mean().item(),
+                   "val_loss": F.cross_entropy(logits, labels).item()}
+        if broken == "nan_value":
+            metrics["val_loss"] = math.nan
+        return [metrics] if broken == "list" else metrics
+
+    model = nn.Sequential(nn.Linear(dims, 32), nn.ReLU(), nn.Linear(32, classes))
+    return Workload(name="evaluated", model=model, batches=batches, loss_fn=F.cross_entropy,
+                    base_lr=0.1, base_batch=32, evaluate=evaluate)
