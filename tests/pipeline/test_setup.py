@@ -63,7 +63,8 @@ def test_a_run_builds_one_provider_and_every_stage_uses_it(tmp_path, monkeypatch
     chosen = plan.fn(session)
     assert providers_built == [setup.provider] and given == [setup.provider] * 3 and session.provider is setup.provider
     assert session.plans == [chosen] and chosen.plan and session.alternatives
-    assert session.prices == {t: setup.offered[t].spot_usd_per_h for t in TYPES}
+    assert session.prices == ({t: setup.offered[t].spot_usd_per_h for t in TYPES}  # spot, and each type's
+                              | {f"{t}:on-demand": setup.offered[t].on_demand_usd_per_h for t in TYPES})  # on-demand offer
     assert session.ps_megabits_per_s == setup.emulation["ps_megabits_per_s"]
 
 
