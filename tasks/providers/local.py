@@ -270,7 +270,7 @@ class LocalProvider(Provider):
             "SPOTFILL_INSTANCE_TYPE": instance_type,
             "SPOTFILL_RELATIVE_SPEED": repr(self.relative_speed.get(instance_type, 1.0)),
             "SPOTFILL_NOTICE_FILE": str(notice_file),
-            "SPOTFILL_GPUS": str(itype.gpus),
+            "SPOTFILL_GPUS": str(self.types[instance_type].gpus),
         }
         if startup.detached:
             env.pop("SPOTFILL_WATCH_PID", None)  # one this process inherited is not its orchestrator
