@@ -108,11 +108,12 @@ def _train(args: argparse.Namespace) -> int:
     workload = check_workload(args.workload, options, target_metric=args.target_metric)  # last: builds, trains one step
     run_id = args.run_id or time.strftime("train-%Y%m%dT%H%M%S")
     with FolderLock(provider.run_dir(run_id), f"run {run_id}"):  # one command per run
-        return _train_owned(args, provider, run_id, options)
+        return _train_owned(args, provider, run_id, options, workload)
 
 
-def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict) -> int:
-    """Resume or start the run and train it; the caller owns the run's folder."""
+def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict, workload) -> int:
+    """Resume or start the run and train it; the caller owns the run's folder. `workload`: the
+    checked plug-in (its evaluate judges the result on a target metric)."""
     import sys
     import time
 
