@@ -27,7 +27,9 @@ PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 
 def deployments(path: Path = PREFECT_YAML) -> list:
     """prefect.yaml's deployments, ready to serve: the same names, parameters, tags, schedules
-    (active or not), concurrency limits and triggers as `prefect deploy` creates."""
+    (active or not), concurrency limits and triggers as `prefect deploy` creates. Job variables
+    are left out: they configure a work pool's infrastructure, and a served deployment has none
+    (Prefect refuses them there)."""
     spec = yaml.safe_load(path.read_text())
     served = []
     for d in spec["deployments"]:
@@ -39,7 +41,7 @@ def deployments(path: Path = PREFECT_YAML) -> list:
         limit = d.get("concurrency_limit")
         served.append(flow.to_deployment(
             name=d["name"], description=d.get("description"), parameters=d.get("parameters") or {},
-            tags=d.get("tags"), job_variables=d.get("job_variables"), schedules=schedules or None,
+            tags=d.get("tags"), schedules=schedules or None,
             concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
             triggers=triggers or None))
     return served

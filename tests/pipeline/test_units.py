@@ -268,11 +268,13 @@ def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     for name in ("train-with-slo", "nightly-retrain", "profile-workload"):
         assert TrainRequest.model_validate(served[name].parameters["request"]) == demo_request()
     assert [s.schedule.cron for s in served["catalog-refresh"].schedules] == ["0 */6 * * *"]
-    # the nightly retrain ships with its schedule off; every deployment is tagged and has job variables
+    # the nightly retrain ships with its schedule off; every deployment is tagged and has job
+    # variables in prefect.yaml (for a work pool), which a served deployment leaves out
     assert [(s.schedule.cron, s.active) for s in served["nightly-retrain"].schedules] == [("0 2 * * *", False)]
     assert served["nightly-retrain"].concurrency_limit == served["catalog-refresh"].concurrency_limit == 1
     assert served["train-with-slo"].concurrency_limit == 4
-    assert all("spotfill" in d.tags and d.job_variables for d in served.values())
+    assert all("spotfill" in d.tags and not d.job_variables for d in served.values())
+    assert all(d.get("job_variables") for d in spec["deployments"])
     trigger = served["replan-on-drift"].triggers[0]
     assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
     # de-duplicated per run, and one re-plan run at a time
