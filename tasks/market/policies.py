@@ -13,6 +13,7 @@ instance to a cluster (docs/market.md, "Policies with on-demand workers").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,8 +124,7 @@ class ProgressLinePolicy(Policy):
         return s.memory["reference"]
 
     def spot_plan(self, profile: Profile, loss_target: float, s: Situation) -> dict[str, int]:
-        survivors = Situation({t: n for t, n in s.existing.items() if not is_on_demand(t)}, s.time_left_s,
-                              s.current_loss, s.overhead_s, s.elapsed_s, s.spot_caps, s.time_on, s.memory)
+        survivors = dataclasses.replace(s, existing={t: n for t, n in s.existing.items() if not is_on_demand(t)})
         return Policy(self.name, memo=self.memo).plan(profile, loss_target, survivors)
 
 

@@ -254,11 +254,14 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
             return math.inf
         return clock.from_start(counts)[0] if loss is None else clock.remaining_s(counts, loss)
 
+    def start_overhead_s() -> float:
+        """What an instance launched now takes to join: nothing for the cluster up at t = 0."""
+        return cfg.overhead_s if loss is not None or t > 0 else 0.0
+
     def situation() -> Situation:
         staying = fleet.counts(staying=True)
         existing = {names[m]: int(c) for m, c in enumerate(staying) if c > 0}
-        overhead_s = cfg.overhead_s if loss is not None or t > 0 else 0.0
-        return Situation(existing, cfg.deadline_s - t, loss, overhead_s, t, dict(caps), time_on, memory)
+        return Situation(existing, cfg.deadline_s - t, loss, start_overhead_s(), t, dict(caps), time_on, memory)
 
     def launch(plan: dict[str, int], now_s: float, join_s: float) -> dict[int, int]:
         """Run `plan` from now: launch what it adds (within spot capacity), release what it drops
@@ -301,7 +304,7 @@ def replay(profile: Profile, model: Model, policy: Policy, cfg: ReplayConfig, ma
         could get (each refusal caps a type, so this ends). Returns when to ask again."""
         for _ in range(len(names) + 1):
             decision = policy.decide(profile, cfg.loss_target, situation())
-            refused = launch(decision.plan, t, t + (cfg.overhead_s if t > 0 or loss is not None else 0.0))
+            refused = launch(decision.plan, t, t + start_overhead_s())
             if not refused:
                 break
             held = fleet.by_type()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tasks.core.errors import UserInputError, one_line
+from tasks.core.limits import strict_float
 
 if TYPE_CHECKING:  # torch is imported where a model is evaluated: the CLI parses targets without it
     from torch import nn
@@ -45,8 +46,8 @@ def parse_target_metric(text: str) -> TargetMetric:
     if direction not in DIRECTIONS:
         raise UserInputError(f"target metric {text!r}: the direction must be <= or >=, not {direction}")
     try:
-        value = float(number)
-    except ValueError:
+        value = strict_float(number)
+    except UserInputError:
         raise UserInputError(f"target metric {text!r}: {number!r} is not a number") from None
     if not math.isfinite(value):
         raise UserInputError(f"target metric {text!r}: the value must be a finite number")
