@@ -6,12 +6,14 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from tasks.core.profile import profile_from_dict
+from tasks.market.policies import Policy
 from tasks.providers.base import InstanceType
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,16 +29,30 @@ def spotfill(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@dataclass(frozen=True)
+class RecordingPolicy(Policy):
+    """A replay policy that remembers every situation it was asked to plan for."""
+
+    seen: list = field(default_factory=list)
+
+    def plan(self, profile, loss_target, s):
+        self.seen.append(s)
+        return super().plan(profile, loss_target, s)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, or one being reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
 def alive_pids(artifacts: Path) -> list[int]:
     """Processes of any run under `artifacts` that still exist."""
-    pids = []
-    for table in artifacts.glob("*/instances.json"):
-        for row in json.loads(table.read_text())["instances"]:
-            if Path(f"/proc/{row['pid']}").exists():
-                stat = Path(f"/proc/{row['pid']}/stat").read_text().split()
-                if stat[2] != "Z":
-                    pids.append(row["pid"])
-    return pids
+    return [row["pid"] for table in artifacts.glob("*/instances.json")
+            for row in json.loads(table.read_text())["instances"] if process_alive(row["pid"])]
 
 
 def t4_profile(types: dict[str, InstanceType], quotas: dict[str, int]):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -23,14 +23,6 @@ def _wait_for(condition, timeout_s: float) -> bool:
             return True
         time.sleep(0.2)
     return condition()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -45,7 +37,7 @@ def test_lifeline_child_dies_with_a_killed_parent(tmp_path):
     assert _wait_for(lambda: "sleep" in Path(f"/proc/{child}/cmdline").read_text(), 60)  # exec'd
     parent.kill()
     parent.wait()
-    assert _wait_for(lambda: not _alive(child), 60), "the child outlived its SIGKILLed parent"
+    assert _wait_for(lambda: not process_alive(child), 60), "the child outlived its SIGKILLed parent"
 
 
 @pytest.mark.parametrize("sig, status, line", [(signal.SIGINT, 130, "spotfill: interrupted"),
@@ -76,4 +68,4 @@ def test_train_interrupted_mid_training_leaves_nothing(tmp_path, sig, status, li
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == status, err
     assert err.strip().splitlines()[-1] == line and "Traceback" not in err
-    assert _wait_for(lambda: not any(_alive(pid) for pid in pids), 60), "a PS or worker outlived the run"
+    assert _wait_for(lambda: not any(process_alive(pid) for pid in pids), 60), "a PS or worker outlived the run"

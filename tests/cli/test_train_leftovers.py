@@ -7,21 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, alive_pids
+from tests.helpers import REPO, alive_pids, process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_a_plugin_that_leaves_threads_and_processes_leaves_nothing(tmp_path):
@@ -43,7 +34,7 @@ def test_a_plugin_that_leaves_threads_and_processes_leaves_nothing(tmp_path):
     helpers = [int(p.name) for p in pid_dir.iterdir()]
     assert len(helpers) >= 4  # the command's check, the PS, two workers
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in helpers if _alive(pid)], "a plug-in's helper outlived the run"
+    assert not [pid for pid in helpers if process_alive(pid)], "a plug-in's helper outlived the run"
     assert not alive_pids(tmp_path / "runs")

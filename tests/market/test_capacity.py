@@ -3,7 +3,7 @@ capacity is refused and re-planned around, a drop revokes the excess, a rise let
 launch again, on-demand workers are never revoked or refused, and the published baselines
 (Greedy, Uniform Progress) follow their rules."""
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from tasks.market.replay import Market, ReplayConfig, replay
 from tasks.market.study import offline_stretches
 from tasks.planner import PlanRequest, solve
 from tasks.planner.on_demand import is_on_demand, with_on_demand
-from tests.helpers import SHIPPED_PROFILE
+from tests.helpers import RecordingPolicy, SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)
 OD_QUOTA = {i.type: i.quota for i in PROFILE.instances}
@@ -25,15 +25,6 @@ MODEL = Model.from_profile(with_on_demand(PROFILE, OD_QUOTA))  # spot types and 
 NAMES = MODEL.types.names
 SPOT = [NAMES.index(t) for t in PROFILE.type_names]
 NEVER = [None] * len(NAMES)
-
-
-@dataclass(frozen=True)
-class Recording(Policy):
-    seen: list = field(default_factory=list)
-
-    def plan(self, profile, loss_target, s):
-        self.seen.append(s)
-        return super().plan(profile, loss_target, s)
 
 
 def market(capacity: dict[str, tuple[list[float], list[float]]]) -> Market:
@@ -52,7 +43,7 @@ def test_a_launch_above_capacity_is_refused_and_the_policy_replans_knowing_what_
     cfg = ReplayConfig(0.8, 3000.0)
     wanted = solve(PlanRequest(PROFILE, 0.8, 3000.0)).plan
     assert wanted.get("p3.2xlarge", 0) == 2
-    policy = Recording("exact")
+    policy = RecordingPolicy("exact")
     out = replay(PROFILE, MODEL, policy, cfg, market({"p3.2xlarge": ([0.0], [1.0])}))
     assert policy.seen[0].spot_caps == {} and policy.seen[1].spot_caps == {"p3.2xlarge": 1}
     assert policy.seen[1].existing.get("p3.2xlarge") == 1  # what it got runs; the re-plan builds on it
@@ -62,7 +53,7 @@ def test_a_launch_above_capacity_is_refused_and_the_policy_replans_knowing_what_
 def test_capacity_falling_below_what_runs_revokes_the_excess_and_a_rise_lets_the_policy_launch_again():
     cfg = ReplayConfig(0.8, 6000.0, overhead_s=120.0)
     running = solve(PlanRequest(PROFILE, 0.8, 6000.0)).plan["p3.2xlarge"]
-    policy = Recording("exact")
+    policy = RecordingPolicy("exact")
     out = replay(PROFILE, MODEL, policy, cfg, market({"p3.2xlarge": ([0.0, 500.0, 1500.0], [2.0, 0.0, 2.0])}))
     assert out.revocations == running  # every p3.2xlarge taken at 500 s
     at_drop = [s for s in policy.seen if s.elapsed_s == 500.0]

@@ -1,8 +1,6 @@
 """The replay simulator and the policies: no revocation reproduces the model, a revocation costs
 what it should and triggers a re-plan around the survivors, restarts lose work since the last
 checkpoint, and the risk-aware planner meets its level."""
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,23 +10,12 @@ from tasks.core.profile import load_profile
 from tasks.market.policies import Policy, Situation, standard_policies
 from tasks.market.replay import Market, ReplayConfig, replay
 from tasks.planner import PlanRequest, build_problem, fastest_time_s, solve
-from tests.helpers import SHIPPED_PROFILE
+from tests.helpers import RecordingPolicy, SHIPPED_PROFILE
 
 PROFILE = load_profile(SHIPPED_PROFILE)
 MODEL = Model.from_profile(PROFILE)
 NAMES = MODEL.types.names
 P3 = NAMES.index("p3.2xlarge")
-
-
-@dataclass(frozen=True)
-class Recording(Policy):
-    """A policy that remembers every situation it was asked to plan for."""
-
-    seen: list = field(default_factory=list)
-
-    def plan(self, profile, loss_target, s):
-        self.seen.append(s)
-        return super().plan(profile, loss_target, s)
 
 
 def p3_revoked_at(time_s: float, fraction: float = 1.0) -> Market:
@@ -58,7 +45,7 @@ def test_on_demand_pays_on_demand_and_is_never_revoked():
 
 def test_losing_the_only_instance_costs_the_outage_in_time_and_the_startup_in_cost():
     cfg = ReplayConfig(0.8, 4000.0, overhead_s=120.0)
-    policy = Recording("p3 only", types=("p3.2xlarge",))
+    policy = RecordingPolicy("p3 only", types=("p3.2xlarge",))
     alone = solve(PlanRequest(PROFILE, 0.8, 4000.0))
     assert alone.plan == {"p3.2xlarge": 1}
     out = replay(PROFILE, MODEL, policy, cfg, p3_revoked_at(1000.0))
@@ -74,7 +61,7 @@ def test_losing_the_only_instance_costs_the_outage_in_time_and_the_startup_in_co
 
 def test_revocation_triggers_a_replan_that_keeps_the_survivors():
     cfg = ReplayConfig(0.8, 2500.0, overhead_s=120.0)
-    policy = Recording("exact")
+    policy = RecordingPolicy("exact")
     calm = replay(PROFILE, MODEL, policy, cfg, None)
     first = solve(PlanRequest(PROFILE, 0.8, 2500.0)).plan
     assert first == {"p3.2xlarge": 2, "g3.8xlarge": 3}

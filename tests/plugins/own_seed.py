@@ -3,21 +3,12 @@ the clock would be): each process builds other initial parameters, whatever spot
 import itertools
 
 import torch
-from torch import nn
-import torch.nn.functional as F
+
+from tests.plugins.regression import build as regression
 
 BUILDS = itertools.count(1000)
 
 
 def build(inputs: int = 16, noise: float = 0.1):
     torch.manual_seed(next(BUILDS))
-    weights = torch.randn(inputs, 1, generator=torch.Generator().manual_seed(1))
-
-    def batches(batch_size: int, seed: int):
-        rng = torch.Generator().manual_seed(seed)
-        while True:
-            x = torch.randn(batch_size, inputs, generator=rng)
-            yield x, x @ weights + noise * torch.randn(batch_size, 1, generator=rng)
-
-    model = nn.Sequential(nn.Linear(inputs, 64), nn.ReLU(), nn.Linear(64, 1))
-    return model, batches, F.mse_loss
+    return regression(inputs, noise)

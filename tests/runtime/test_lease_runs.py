@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from tasks.providers.local import LocalProvider, _proc_start_ticks
+from tasks.providers.local import LocalProvider
 from tasks.runtime import checkpoint
 from tasks.runtime.telemetry import read_records
+from tests.helpers import process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -64,7 +65,7 @@ def test_a_killed_orchestrator_leaves_the_run_to_its_lease(tmp_path):
         _wait(lambda: any(r["kind"] == "update" and r["t"] > killed_at for r in read_records(run_dir)), LEASE_S,
               "an update after the kill")
         # ... until the lease lapses: then every process of the run ends by itself
-        ended_s = _wait(lambda: all(_proc_start_ticks(r["pid"]) is None for r in rows), LEASE_S + 60, "the run's end")
+        ended_s = _wait(lambda: not any(process_alive(r["pid"]) for r in rows), LEASE_S + 60, "the run's end")
         assert ended_s - killed_s <= LEASE_S + 30
         records = read_records(run_dir)
         stop = next(r for r in records if r["kind"] == "stop")
