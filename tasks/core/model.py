@@ -4,7 +4,9 @@
 profile's M types) and returns their predicted iteration time, WA batch size, convergence
 coefficient, iterations and training time and cost, so that solvers can score thousands of
 clusters per numpy call. The paper's form is the default; a profile may select the extensions
-of docs/model.md (`loss.kappa`, `contention.by = "load"`).
+of docs/model.md (`loss.kappa`, `contention.by = "load"`) and its further terms (`contention.overlap`,
+`loss.batch_n_exponent`). Every prediction of time and iterations (predict, plan, the risk model,
+the replay, validation and the fit's held-out errors) is computed here.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.core.profile import Profile
+from tasks.core.profile import DEFAULT_OVERLAP_WIDTH, Profile
 
 
 def contended_bandwidth_mbps(load, alpha1: float, beta1: float, breq_mbps: float, bps_mbps: float) -> np.ndarray:
@@ -29,6 +31,31 @@ def cluster_spread(cc, n, gamma4: float | None, kappa: float | None):
     as before the extension."""
     base = np.asarray(n, dtype=float) if gamma4 is None else np.clip(np.asarray(cc, dtype=float) + gamma4, 0.0, None) * n
     return np.sqrt(base) if kappa is None else base ** kappa
+
+
+def curve_numerator(bw, cc, n, gamma2: float, gamma3: float, gamma4: float | None, kappa: float | None,
+                    batch_n_exponent: float | None = None):
+    """Eq. 3's numerator (gamma2 * bw * n ** eta + gamma3) * cluster_spread; eta null is the
+    paper's batch term gamma2 * bw, computed as before the term existed (bit for bit)."""
+    spread = cluster_spread(cc, n, gamma4, kappa)
+    if batch_n_exponent is None:
+        return (gamma2 * bw + gamma3) * spread
+    return (gamma2 * bw * np.maximum(np.asarray(n, dtype=float), 1.0) ** batch_n_exponent + gamma3) * spread
+
+
+def overlap_shares(counts, alone_s: np.ndarray, width: float) -> np.ndarray:
+    """Each type's overlap share in each of K clusters (K x M): the mean, over a worker's peers,
+    of q = max(0, 1 - (1 - T_short / T_long) / width) of the two types' periods alone. Workers
+    of one period push at the same moments on every iteration (q = 1); periods a share `width`
+    or more apart drift through each other's transfers and meet only at random (q = 0). A worker
+    alone has no peers (0)."""
+    counts = np.atleast_2d(np.asarray(counts, dtype=float))
+    alone_s = np.asarray(alone_s, dtype=float)
+    ratio = np.minimum.outer(alone_s, alone_s) / np.maximum.outer(alone_s, alone_s)
+    q = np.clip(1.0 - (1.0 - ratio) / width, 0.0, 1.0)
+    n = counts.sum(axis=1, keepdims=True)
+    peers = np.clip(counts @ q - 1.0, 0.0, None)  # q[i, i] = 1: a worker is not its own peer
+    return np.where(n > 1, peers / np.maximum(n - 1.0, 1.0), 0.0)
 
 
 @dataclass(frozen=True)
@@ -86,13 +113,16 @@ class Model:
         return contended_bandwidth_mbps(load, p.contention.alpha1, p.contention.beta1,
                                         p.required_bandwidth_mbps * keep, p.ps_bandwidth_mbps * p.num_ps * keep)
 
-    def iteration_times_s(self, load: np.ndarray) -> np.ndarray:
+    def iteration_times_s(self, load: np.ndarray, overlap_factor=None) -> np.ndarray:
         """T_i of one instance of each type in a cluster loading the PS as `load` workers do
-        (Eq. 6, 7): shape (..., M). With contention by workers the load is the cluster size."""
+        (Eq. 6, 7): shape (..., M). With contention by workers the load is the cluster size.
+        `overlap_factor` (..., M) stretches each type's PS transfers (overlap_factors); None is the
+        paper's Eq. 7, and a factor >= 1 only makes T_i longer."""
         p = self.profile
         bwk = self.worker_bandwidth_mbps(load)[..., None]
         pcie_s = 2.0 * self.types.gpus * p.param_mb / p.pcie_bandwidth_mbps
-        return self.types.compute_s + 2.0 * p.param_mb / bwk + pcie_s
+        ps_s = 2.0 * p.param_mb / bwk
+        return self.types.compute_s + (ps_s if overlap_factor is None else ps_s * overlap_factor) + pcie_s
 
     @property
     def alone_times_s(self) -> np.ndarray:
@@ -112,9 +142,22 @@ class Model:
             load = (counts / alone).sum(axis=1) * np.where(counts > 0, alone, np.inf).min(axis=1)
         return np.where(n > 0, load, 0.0)
 
+    def overlap_factors(self, counts: np.ndarray, load: np.ndarray) -> np.ndarray | None:
+        """1 + omega * s_i (overlap_shares) for each type of K clusters, where the PS is contended
+        (load * Breq > Bps: transfers that coincide slow each other only when the PS link cannot
+        carry them at once); None without the term (docs/model.md, Further terms)."""
+        c, p = self.profile.contention, self.profile
+        if not c.overlap:
+            return None
+        shares = overlap_shares(counts, self.alone_times_s, c.overlap_width or DEFAULT_OVERLAP_WIDTH)
+        contended = load * p.required_bandwidth_mbps > p.ps_bandwidth_mbps * p.num_ps
+        return 1.0 + c.overlap * shares * contended[:, None]
+
     def cluster_iteration_times_s(self, counts: np.ndarray) -> np.ndarray:
         """T_i of each type in each of K clusters (K x M counts): K x M."""
-        return self.iteration_times_s(self.ps_load(counts))
+        counts = np.atleast_2d(np.asarray(counts, dtype=float))
+        load = self.ps_load(counts)
+        return self.iteration_times_s(load, self.overlap_factors(counts, load))
 
     def evaluate(self, counts: np.ndarray, loss_target: float, current_loss: float | None = None) -> dict[str, np.ndarray]:
         """Score K clusters given as a K x M matrix of counts (or one M-vector).
@@ -155,14 +198,18 @@ class Model:
             "usd_per_h": usd_per_h,
         }
 
+    def curve_numerator(self, bw, cc, n):
+        """Eq. 3's numerator for clusters of WA batch bw, coefficient R = cc and size n."""
+        g = self.profile.loss
+        return curve_numerator(bw, cc, n, g.gamma2, g.gamma3, g.gamma4, g.kappa, g.batch_n_exponent)
+
     def iterations(self, bw, cc, n, loss_target: float, current_loss: float | None = None) -> np.ndarray:
         """Iterations j to reach loss_target (Eq. 3 solved for j), floored at 0; with current_loss,
         the remaining iterations j(L) - j(L0) on the same cluster's curve. Infinite where the
         curve's numerator is not positive (the fitted curve does not descend there)."""
         g = self.profile.loss
         bw, cc, n = (np.asarray(a, dtype=float) for a in (bw, cc, n))
-        spread = cluster_spread(cc, n, g.gamma4, g.kappa)
-        numerator = (g.gamma2 * bw + g.gamma3) * spread
+        numerator = self.curve_numerator(bw, cc, n)
         if current_loss is None:
             j = numerator / (loss_target - g.gamma5) - g.gamma1
         else:

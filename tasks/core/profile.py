@@ -23,6 +23,13 @@ _CONFIG = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 TYPE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 
 
+# The further terms' allowed ranges (docs/formats.md): the fit searches within them and the
+# exact solver's bounds are argued for every value in them (docs/planner.md).
+OVERLAP_MAX = 1.0
+BATCH_N_EXPONENT_BOUNDS = (-1.5, 1.0)
+DEFAULT_OVERLAP_WIDTH = 0.2
+
+
 class Contention(BaseModel):
     model_config = _CONFIG
     alpha1: float
@@ -30,6 +37,11 @@ class Contention(BaseModel):
     # What loads the PS in Eq. 8-9: the worker count (the paper; null means it) or "load", the
     # effective count sum_i T_fast / T_i_alone (docs/model.md, Extensions).
     by: Literal["workers", "load"] | None = None
+    # How much longer a worker's PS transfers take when they coincide with same-period peers'
+    # (docs/model.md, Further terms): omega >= 0; null means none (the paper).
+    overlap: float | None = Field(default=None, ge=0, le=OVERLAP_MAX)
+    # The period mismatch (a share, 1 - T_short / T_long) at which two workers stop overlapping.
+    overlap_width: float | None = Field(default=None, gt=0, le=1)
 
 
 class LossCurve(BaseModel):
@@ -40,6 +52,8 @@ class LossCurve(BaseModel):
     gamma4: float | None = Field(gt=0)  # null selects the prototype's form without R
     gamma5: float
     kappa: float | None = Field(default=None, ge=0.25, le=1.0)  # exponent of (R + gamma4) * n; null: 0.5
+    # The batch term's n-dependence: gamma2 * bw * n ** eta (docs/model.md, Further terms); null: 0
+    batch_n_exponent: float | None = Field(default=None, ge=BATCH_N_EXPONENT_BOUNDS[0], le=BATCH_N_EXPONENT_BOUNDS[1])
 
     def require_reachable(self, loss_target: float) -> None:
         """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""

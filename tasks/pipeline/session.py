@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.core.errors import UserInputError
-from tasks.core.model import Model, cluster_spread
+from tasks.core.model import Model
 from tasks.core.profile import Profile
 from tasks.core.traces import load_traces
 from tasks.market.hazards import catalog_bands, type_hazards
@@ -384,8 +384,7 @@ class TrainingSession:
         model = Model.from_profile(self.profile)
         r = model.evaluate(model.counts_vector(hardware_counts(plan)), self.request.slo.target_loss)
         g = self.profile.loss
-        spread = float(cluster_spread(r["cc"][0], r["workers"][0], g.gamma4, g.kappa))  # Eq. 3, as the planner's
-        a = (g.gamma2 * float(r["wa_batch"][0]) + g.gamma3) * spread
+        a = float(model.curve_numerator(r["wa_batch"][0], r["cc"][0], r["workers"][0]))  # Eq. 3, as the planner's
         return LossCurve(a, g.gamma1, g.gamma5), float(r["iteration_time_s"][0])
 
     def check_drift(self, obs: Observation) -> float | None:

@@ -19,6 +19,13 @@ Both extensions of docs/model.md keep these bounds valid:
   (at Breq when alpha1 < 0) are ceilings on every cluster's rates (`rate_ceilings`): X_max, and
   every ratio P/X built on them, stay bounds. The fixed part's mean batch, which needs the true
   rates, is then not used: the WA batch is bounded by the types' batch range alone.
+The further terms (docs/model.md) keep them valid too:
+- contention.overlap (omega >= 0): a type's PS time is stretched by 1 + omega * share >= 1,
+  so its rate never exceeds the rate without the term; the rates without it (exact by n, or the
+  load ceilings above) are ceilings, and the search treats the rates as mix-dependent;
+- loss.batch_n_exponent (eta): for one size n the batch term gamma2 * n ** eta * bw is still
+  affine in the WA batch, with the slope's sign that of gamma2 (n ** eta > 0), so the bounds
+  above hold with gamma2 replaced by the size's slope.
 """
 from __future__ import annotations
 
@@ -108,17 +115,20 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def rates_fixed_by_size(problem) -> bool:
-    """Do the types' rates depend on the cluster size alone (contention by workers, the paper)?"""
-    return problem.model.profile.contention.by != "load"
+    """Do the types' rates depend on the cluster size alone (contention by workers without the
+    overlap term, the paper)?"""
+    contention = problem.model.profile.contention
+    return contention.by != "load" and not contention.overlap
 
 
 def rate_ceilings(problem, sizes: np.ndarray) -> np.ndarray:
     """Per size (rows) and type (columns), an iteration rate 1/T_m no cluster of that size exceeds:
-    the exact rates when contention is by workers; with contention by load, the rates at the
-    smallest PS load a cluster of that size can have (see the module's docstring)."""
+    the rates when contention is by workers (exact without the overlap term, which only slows);
+    with contention by load, the rates at the smallest PS load a cluster of that size can have
+    (see the module's docstring)."""
     model = problem.model
     sizes = np.asarray(sizes, dtype=float)
-    if rates_fixed_by_size(problem):
+    if model.profile.contention.by != "load":
         return 1.0 / model.iteration_times_s(sizes)
     alone = model.alone_times_s[problem.upper > 0]
     if model.profile.contention.alpha1 < 0:
@@ -132,7 +142,10 @@ class IterationBound:
 
     def __init__(self, profile: Profile, n, loss_target: float, current_loss: float | None):
         g = profile.loss
-        self.gamma2, self.gamma3 = g.gamma2, g.gamma3
+        # the batch term's slope at this size: gamma2, or gamma2 * n ** eta (same sign)
+        self.gamma2 = (g.gamma2 if g.batch_n_exponent is None
+                       else g.gamma2 * np.maximum(np.asarray(n, dtype=float), 1.0) ** g.batch_n_exponent)
+        self.gamma3 = g.gamma3
         spread_at_r0 = cluster_spread(0.0, n, g.gamma4, g.kappa)
         if current_loss is None:
             self.scale = spread_at_r0 / (loss_target - g.gamma5)
@@ -149,7 +162,7 @@ class IterationBound:
 
     def lower(self, batch_lo, batch_hi):
         """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays."""
-        batch = batch_hi if self.gamma2 < 0 else batch_lo
+        batch = np.where(self.gamma2 < 0, batch_hi, batch_lo)
         numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
         return np.maximum(numerator * self.scale - self.offset, 0.0)
 

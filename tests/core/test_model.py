@@ -1,9 +1,10 @@
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from tasks.core.model import Model
+from tasks.core.model import Model, overlap_shares
 from tasks.core.profile import load_profile, profile_from_dict
 from tests.helpers import SHIPPED_PROFILE
 
@@ -126,3 +127,85 @@ def test_contention_by_load_counts_slow_workers_as_part_of_a_fast_one():
         assert by_load.evaluate(homogeneous, 0.8)[key][0] == pytest.approx(by_workers.evaluate(homogeneous, 0.8)[key][0])
     mixed = by_load.counts_vector({"p3.2xlarge": 2, "p2.8xlarge": 12})  # contended by n, less so by n_eff
     assert by_load.evaluate(mixed, 0.8)["time_s"][0] < by_workers.evaluate(mixed, 0.8)["time_s"][0]
+
+
+SHIPPED_PREDICTIONS = [  # (profile, cluster, loss target, iterations, time_s, cost_usd) before the further terms existed
+    ("resnet110-cifar100.json", {"g3.8xlarge": 5, "g3.16xlarge": 3}, 0.8,
+     20119.6120287558, 2549.0237904573364, 5.751447345868572),
+    ("resnet110-cifar100.json", {"p3.2xlarge": 2, "g4dn.4xlarge": 3}, 0.8,
+     16287.557795288383, 2770.5077702396566, 2.2468818016643617),
+    ("transformer-lm-local-quick.json", {"p3.2xlarge": 2}, 1.9,
+     102.32689791207204, 7.565326203675653, 0.0038583163638745833),
+    ("transformer-lm-local-quick.json", {"p3.2xlarge": 4, "g3.8xlarge": 2}, 1.9,
+     162.7086819983759, 6.547802328544088, 0.009166923259961723),
+]
+
+
+@pytest.mark.parametrize("name, cluster, loss, iterations, time_s, cost_usd", SHIPPED_PREDICTIONS)
+def test_the_shipped_profiles_predict_bit_for_bit_as_before_the_further_terms(name, cluster, loss, iterations, time_s,
+                                                                              cost_usd):
+    """Captured before contention.overlap and loss.batch_n_exponent existed: the shipped
+    profiles carry neither, and absent, null and the neutral values all give exactly those
+    numbers, for these clusters and (neutral against absent) every cluster within the quotas."""
+    path = SHIPPED_PROFILE.parent / name
+    profile = load_profile(path)
+    assert profile.contention.overlap is None and profile.loss.batch_n_exponent is None
+    m = Model.from_profile(profile)
+    r = one(m, cluster, loss)
+    assert (r["iterations"], r["time_s"], r["cost_usd"]) == (iterations, time_s, cost_usd)
+    data = profile.model_dump()
+    data["contention"].update(overlap=0.0, overlap_width=0.2)
+    data["loss"]["batch_n_exponent"] = 0.0
+    neutral = Model.from_profile(profile_from_dict(data))
+    every = np.array(list(itertools.product(*(range(i.quota + 1) for i in profile.instances))))
+    a, b = m.evaluate(every, loss), neutral.evaluate(every, loss)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_overlap_shares_count_each_workers_peers_of_about_its_period():
+    alone = np.array([1.0, 1.1, 2.0])  # 10% and 50% slower than the first type
+    shares = overlap_shares(np.array([[2, 0, 0], [1, 0, 1], [1, 1, 0], [1, 0, 0], [3, 0, 1]]), alone, 0.2)
+    q = 1 - (1 - 1 / 1.1) / 0.2  # periods 9% apart: half of their transfers coincide
+    assert shares[0][0] == 1.0  # one period: every transfer coincides with the peer's
+    assert shares[1][0] == 0.0 and shares[1][2] == 0.0  # periods far apart drift through each other
+    assert shares[2][0] == pytest.approx(q) and shares[2][1] == pytest.approx(q)
+    assert shares[3][0] == 0.0  # alone: no peers
+    assert shares[4][0] == pytest.approx(2 / 3) and shares[4][2] == 0.0  # two of its three peers share its period
+
+
+def with_terms(contention=None, loss=None, name="transformer-lm-local-quick.json", **top):
+    data = {**load_profile(SHIPPED_PROFILE.parent / name).model_dump(), **top}
+    data["contention"].update(contention or {})
+    data["loss"].update(loss or {})
+    return Model.from_profile(profile_from_dict(data))
+
+
+def test_the_overlap_term_slows_contended_workers_with_peers_of_their_period():
+    """1 + omega * share stretches the PS time of a worker whose peers push with it, only where
+    the PS is contended: same-speed clusters slow down, a mixed pair and an uncontended cluster
+    do not."""
+    plain, overlapping = with_terms(), with_terms({"overlap": 0.5, "overlap_width": 0.2})
+    p = plain.profile
+    same = plain.counts_vector({"p3.2xlarge": 3})
+    t0, t1 = plain.cluster_iteration_times_s(same)[0], overlapping.cluster_iteration_times_s(same)[0]
+    assert 3 * p.required_bandwidth_mbps > p.ps_bandwidth_mbps  # contended
+    fast = plain.types.names.index("p3.2xlarge")
+    ps_s = t0[fast] - plain.types.compute_s[fast] - 2 * plain.types.gpus[fast] * p.param_mb / p.pcie_bandwidth_mbps
+    assert t1[fast] == pytest.approx(t0[fast] + 0.5 * ps_s)
+    mixed = plain.counts_vector({"p3.2xlarge": 1, "g3.8xlarge": 1})
+    alone = plain.alone_times_s
+    assert 1 - alone.min() / alone.max() >= 0.2  # the two types' periods are far enough apart
+    assert np.array_equal(plain.cluster_iteration_times_s(mixed), overlapping.cluster_iteration_times_s(mixed))
+    assert overlapping.evaluate(same, 1.9)["time_s"][0] > plain.evaluate(same, 1.9)["time_s"][0]
+    wide = with_terms({"overlap": 0.5}, ps_bandwidth_mbps=1e6)  # a PS that carries every transfer at once
+    roomy = with_terms(ps_bandwidth_mbps=1e6)
+    assert np.array_equal(wide.cluster_iteration_times_s(same), roomy.cluster_iteration_times_s(same))
+
+
+@pytest.mark.parametrize("eta", [-1.5, -0.5, 0.5, 1.0])
+def test_the_batch_n_exponent_scales_the_batch_term_by_n(eta):
+    m = with_terms(loss={"batch_n_exponent": eta}, name="resnet110-cifar100.json")
+    g = m.profile.loss
+    for n in (1, 3, 6):
+        expected = (g.gamma2 * 1024 * n ** eta + g.gamma3) * math.sqrt(n) / (0.8 - g.gamma5) - g.gamma1
+        assert one(m, {"g4dn.4xlarge": n}, 0.8)["iterations"] == pytest.approx(expected)

@@ -35,6 +35,11 @@ def test_shipped_profile_loads():
         (lambda d: d["loss"].update(kappa=0.2), "loss.kappa: Input should be greater than or equal to 0.25"),
         (lambda d: d["loss"].update(kappa=1.5), "loss.kappa: Input should be less than or equal to 1"),
         (lambda d: d["contention"].update(by="bandwidth"), "contention.by: Input should be 'workers' or 'load'"),
+        (lambda d: d["contention"].update(overlap=-0.1), "contention.overlap: Input should be greater than or equal to 0"),
+        (lambda d: d["contention"].update(overlap=1.5), "contention.overlap: Input should be less than or equal to 1"),
+        (lambda d: d["contention"].update(overlap_width=0), "contention.overlap_width: Input should be greater than 0"),
+        (lambda d: d["loss"].update(batch_n_exponent=-2), "loss.batch_n_exponent: Input should be greater than or equal to -1.5"),
+        (lambda d: d["loss"].update(batch_n_exponent=1.2), "loss.batch_n_exponent: Input should be less than or equal to 1"),
         (lambda d: d.update(uncertainty={"time_log_sd": -0.1}), "uncertainty.time_log_sd"),
         # strict types: a bool or a numeral in a string is a mistake to name, not a number to guess
         (lambda d: d.update(param_mb=True), "param_mb: Input should be a valid number"),

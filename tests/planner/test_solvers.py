@@ -7,9 +7,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.core.errors import InfeasibleError, UserInputError
-from tasks.core.profile import load_profile, profile_from_dict
+from tasks.core.profile import BATCH_N_EXPONENT_BOUNDS, OVERLAP_MAX, load_profile, profile_from_dict
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
 from tasks.planner import exact
+from tasks.planner.bounds import size_bounds
 from tasks.planner.brute import solve_brute_force
 from tasks.planner.exact import composition_count
 from tasks.planner.heuristic import solve_heuristic
@@ -59,6 +60,44 @@ def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
     quickest = float(np.nanmin(problem.evaluate(every)["time_s"]))
     assert fastest_time_s(problem) == pytest.approx(quickest, rel=1e-9)
     assert exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)[0].time_s == pytest.approx(quickest, rel=1e-9)
+
+
+@pytest.mark.parametrize("by", ["workers", "load"])
+@pytest.mark.parametrize("terms", [
+    {"overlap": OVERLAP_MAX, "overlap_width": 1.0},  # the most overlap, between any two periods
+    {"overlap": OVERLAP_MAX, "overlap_width": 0.05},  # ...only between near-equal periods
+    {"batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0]},
+    {"batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[1]},
+    {"overlap": OVERLAP_MAX, "overlap_width": 1.0, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0]},
+])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data())
+def test_exact_equals_brute_force_with_the_further_terms_at_their_extremes(terms, by, data):
+    """The overlap only slows (rates without it are ceilings) and the batch n-exponent keeps j
+    affine in the WA batch at each size (bounds.py), so branch and bound still finds brute
+    force's optimum and the fastest plan, from scratch and re-planning with survivors."""
+    profile = data.draw(profiles(by=st.just(by), further=st.just(terms)))
+    loss = data.draw(st.floats(0.6, 1.5))
+    existing = {i.type: data.draw(st.integers(0, i.quota)) for i in profile.instances}
+    current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))
+    deadline = fastest(profile, loss, existing=existing, current_loss=current) * data.draw(st.floats(1.0, 3.0))
+    problem = build_problem(PlanRequest(profile, loss, deadline, existing=existing, current_loss=current))
+    brute = solve_brute_force(problem)[0]
+    searched, _ = exact.search(problem, "cost", enumerate_below=0)
+    assert brute.counts is not None and same_cost(searched.cost, brute.cost)
+    every = np.array(list(itertools.product(*(range(lo, hi + 1) for lo, hi in zip(problem.lower, problem.upper)))))
+    r = problem.evaluate(every)
+    quickest = float(np.nanmin(r["time_s"]))
+    assert exact.search(problem, "time", deadline_s=np.inf, enumerate_below=0)[0].time_s == pytest.approx(quickest, rel=1e-9)
+    # every size's bounds hold for every cluster of that size (not only where they decided a prune)
+    sizes = every.sum(axis=1)
+    j_lo, x_max, ratio_min = size_bounds(problem, sizes)
+    rate = 1.0 / r["iteration_time_s"]
+    tol = 1 + 1e-9
+    assert np.all(j_lo <= r["iterations"] * tol)
+    assert np.all(rate <= x_max * tol)
+    some = sizes > 0
+    assert np.all(ratio_min[some] <= r["usd_per_h"][some] / rate[some] * tol)
 
 
 @SETTINGS
