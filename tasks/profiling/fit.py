@@ -2,18 +2,21 @@
 
 Three fits, each with bounds, starting points and a quality report (residuals, RMSE, R^2):
 - memory (Eq. 10): batch_per_gpu = alpha2 * memory_gb + beta2, from (batch, peak memory) points;
-- contention (Eq. 8, 9): alpha1, beta1 from each cluster worker's communication time;
+- contention (Eq. 8, 9): alpha1, beta1 (and the overlap omega) from each cluster worker's
+  communication time;
 - loss curve (Eq. 3): gamma1..gamma5 from the smoothed loss of each profiled cluster against its
   update count, with the cluster's WA batch size bw, convergence coefficient R and size n; the
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
-The model's form (the paper's, a free n-exponent kappa, contention by PS load, or both) is chosen
-by leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
+The model's form (the paper's, or any set of its terms: a free n-exponent kappa, contention by
+PS load, the overlap of same-period transfers, the batch term's n-exponent) is chosen by
+leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -22,8 +25,8 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import least_squares
 
-from tasks.core.model import Model, cluster_spread, contended_bandwidth_mbps
-from tasks.core.profile import Profile, profile_from_dict
+from tasks.core.model import Model, cluster_spread, contended_bandwidth_mbps, curve_numerator, overlap_shares
+from tasks.core.profile import BATCH_N_EXPONENT_BOUNDS, DEFAULT_OVERLAP_WIDTH, OVERLAP_MAX, Profile, profile_from_dict
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, cluster_label
 
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
@@ -119,9 +122,13 @@ def max_batch_per_gpu(alpha2: float, beta2: float, memory_gb: float) -> int:
 
 
 def fit_contention(loads: Sequence[float], comm_s: Sequence[float], gpus: Sequence[int], *, param_mb: float,
-                   breq_mbps: float, bps_mbps: float, pcie_mbps: float, max_nfev: int | None = None) -> FitQuality:
+                   breq_mbps: float, bps_mbps: float, pcie_mbps: float, shares: Sequence[float] | None = None,
+                   max_nfev: int | None = None) -> FitQuality:
     """alpha1, beta1 from each cluster worker's median push+pull time against its cluster's PS
-    load (the worker count n, or n_eff for contention by load); residuals are relative."""
+    load (the worker count n, or n_eff for contention by load); residuals are relative. With
+    each worker's overlap share (`shares`, tasks.core.model.overlap_shares) also the overlap
+    omega in [0, OVERLAP_MAX], which stretches a contended worker's PS time by 1 + omega * share:
+    a pair of one speed against a mixed pair of the same size is what tells it from Eq. 9."""
     n = np.asarray(loads, dtype=float)
     obs = np.asarray(comm_s, dtype=float)
     g = np.asarray(gpus, dtype=float)
@@ -133,15 +140,20 @@ def fit_contention(loads: Sequence[float], comm_s: Sequence[float], gpus: Sequen
         raise ProfilingError("contention fit: the contended workers all come from clusters of one PS load; "
                              "profile at least two cluster sizes in the contention regime")
 
+    stretch = None if shares is None else np.asarray(shares, dtype=float) * contended
+
     def predicted(x: np.ndarray) -> np.ndarray:
         bwk = contended_bandwidth_mbps(n, x[0], x[1], breq_mbps, bps_mbps)
-        return 2 * param_mb / bwk + 2 * g * param_mb / pcie_mbps
+        ps_s = 2 * param_mb / bwk if stretch is None else 2 * param_mb / bwk * (1.0 + x[2] * stretch)
+        return ps_s + 2 * g * param_mb / pcie_mbps
 
     starts = [np.array(s) for s in ((0.8, -1.92), (0.3, -0.3), (0.1, 0.2), (1.5, -3.0))]
-    result, x0 = _least_squares("contention", lambda x: (predicted(x) - obs) / obs, starts,
-                                np.array([0.0, -10.0]), np.array([5.0, 1.0]), max_nfev)
-    return _quality("contention", ("alpha1", "beta1"), result, x0, obs, predicted(result.x),
-                    residuals=predicted(result.x) - obs)
+    lower, upper, names = np.array([0.0, -10.0]), np.array([5.0, 1.0]), ("alpha1", "beta1")
+    if stretch is not None:
+        starts = [np.append(x, omega) for x in starts for omega in (0.0, 0.2)]
+        lower, upper, names = np.append(lower, 0.0), np.append(upper, OVERLAP_MAX), names + ("overlap",)
+    result, x0 = _least_squares("contention", lambda x: (predicted(x) - obs) / obs, starts, lower, upper, max_nfev)
+    return _quality("contention", names, result, x0, obs, predicted(result.x), residuals=predicted(result.x) - obs)
 
 
 # ---------------------------------------------------------------- loss curve (Eq. 3)
@@ -171,15 +183,22 @@ def cluster_shape(batches: Sequence[float], iteration_times_s: Sequence[float]) 
     return float(v * texp), cc
 
 
+def _numerator(bw, cc, n, g: Sequence):
+    """Eq. 3's numerator for g = gamma1..gamma5 (the paper's), then optionally kappa (the n-shape
+    extension) and eta (the batch term's n-exponent), None where not used; gamma4 None for the
+    form without R (the released prototype's)."""
+    kappa, eta = (list(g[5:]) + [None, None])[:2]
+    return curve_numerator(bw, cc, n, g[1], g[2], g[3], kappa, eta)
+
+
 def loss_curve(j: np.ndarray, bw, cc, n, g: Sequence) -> np.ndarray:
-    """Eq. 3; g = gamma1..gamma5 (the paper's sqrt) or gamma1..gamma5, kappa (the n-shape
-    extension), with gamma4 None for the form without R (the released prototype's)."""
-    return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (j + g[0]) + g[4]
+    """Eq. 3 (g as for _numerator)."""
+    return _numerator(bw, cc, n, g) / (j + g[0]) + g[4]
 
 
 def iterations_to_loss(loss: np.ndarray, bw, cc, n, g: Sequence) -> np.ndarray:
-    """Eq. 3 solved for j: the updates the curve needs to come down to `loss`."""
-    return (g[1] * bw + g[2]) * cluster_spread(cc, n, g[3], g[5] if len(g) > 5 else None) / (loss - g[4]) - g[0]
+    """Eq. 3 solved for j: the updates the curve needs to come down to `loss` (g as for _numerator)."""
+    return _numerator(bw, cc, n, g) / (loss - g[4]) - g[0]
 
 
 MIN_ITERATIONS = 10.0  # relative iteration residuals are taken against at least this many updates
@@ -189,9 +208,12 @@ KAPPA_BOUNDS = (0.25, 1.0)  # the n-shape exponents the profile contract allows
 GAMMA4_BOUNDS = (1e-3, 10.0)
 
 
-def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, max_nfev: int | None = None) -> FitQuality:
+def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, free_batch_n: bool = False,
+                   max_nfev: int | None = None) -> FitQuality:
     """gamma1..gamma5 of Eq. 3 (and, with free_kappa, the exponent kappa of (R + gamma4) n in
-    KAPPA_BOUNDS instead of the paper's 1/2), fitted in the space the planner uses it in: for
+    KAPPA_BOUNDS instead of the paper's 1/2; with free_batch_n, the exponent eta of the batch
+    term gamma2 * bw * n ** eta in BATCH_N_EXPONENT_BOUNDS instead of 0), fitted in the space the
+    planner uses it in: for
     every observed (j, loss) point, the iterations the curve predicts to reach that loss against
     the observed j (relative residuals). A loss-space fit spends its accuracy on the plateau and
     misses where the curve crosses a target (docs/profiling.md).
@@ -225,6 +247,9 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, ma
         lower, upper, names = np.delete(lower, 3), np.delete(upper, 3), names[:3] + names[4:]
     if free_kappa:
         lower, upper, names = np.append(lower, KAPPA_BOUNDS[0]), np.append(upper, KAPPA_BOUNDS[1]), names + ("kappa",)
+    if free_batch_n:
+        lower, upper = np.append(lower, BATCH_N_EXPONENT_BOUNDS[0]), np.append(upper, BATCH_N_EXPONENT_BOUNDS[1])
+        names = names + ("batch_n_exponent",)
     starts = []
     for kappa in ((0.5, 0.75) if free_kappa else (0.5,)):
         spread = float(np.median(cluster_spread(cc, n, 0.5 if with_gamma4 else None, kappa)))
@@ -232,11 +257,14 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, ma
             for floor in (0.9 * low, 0.5 * low):
                 gamma3 = max(high - floor, 1e-3) * gamma1 / spread
                 starts.append(np.array([gamma1, 0.0, gamma3] + ([0.5] if with_gamma4 else []) + [floor]
-                                       + ([kappa] if free_kappa else [])))
+                                       + ([kappa] if free_kappa else []) + ([0.0] if free_batch_n else [])))
 
     def gammas(x: np.ndarray) -> list:
-        """gamma1..gamma5 (and kappa) from the fitted vector, gamma4 None without one worker."""
-        return list(x) if with_gamma4 else [x[0], x[1], x[2], None, *x[3:]]
+        """gamma1..gamma5, kappa and eta (None where not fitted) from the fitted vector, gamma4
+        None without one worker."""
+        g = list(x[:5]) if with_gamma4 else [x[0], x[1], x[2], None, x[3]]
+        rest = list(x[len(g) - (0 if with_gamma4 else 1):])
+        return g + [rest.pop(0) if free_kappa else None, rest.pop(0) if free_batch_n else None]
 
     result, x0 = _least_squares("loss-curve", lambda x: (iterations_to_loss(loss, bw, cc, n, gammas(x)) - j) / scale,
                                 starts, lower, upper, max_nfev)
@@ -302,10 +330,35 @@ class ProfiledCluster:
     compute_s: np.ndarray  # each worker's median compute time
     comm_s: np.ndarray  # each worker's median push + pull time
     gpus: np.ndarray  # each worker's GPUs
+    overlap_shares: np.ndarray  # each worker's overlap share (tasks.core.model.overlap_shares)
 
 
-# The forms the fit chooses from (docs/model.md, Extensions): the paper's, each extension, both.
-FORMS = {"paper": (False, "workers"), "kappa": (True, "workers"), "load": (False, "load"), "kappa+load": (True, "load")}
+# The model's optional terms (docs/model.md, Extensions and Further terms); a form is a set of
+# them, and the fit chooses among every set: the paper's form (none), each term alone, each
+# pair, and so on, fewest terms first.
+TERMS = ("kappa", "load", "overlap", "batch")
+
+
+@dataclass(frozen=True)
+class Form:
+    terms: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return "+".join(t for t in TERMS if t in self.terms) or "paper"
+
+    @property
+    def contention_key(self) -> tuple[str, bool]:
+        """Which contention fit the form uses: (what loads the PS, with the overlap or not)."""
+        return ("load" if "load" in self.terms else "workers", "overlap" in self.terms)
+
+    @property
+    def loss_key(self) -> tuple[bool, bool]:
+        """Which loss-curve fit the form uses: (free kappa, free batch n-exponent)."""
+        return ("kappa" in self.terms, "batch" in self.terms)
+
+
+FORMS = {f.name: f for f in (Form(frozenset(c)) for k in range(len(TERMS) + 1) for c in itertools.combinations(TERMS, k))}
 
 
 class FormCandidate(BaseModel):
@@ -314,8 +367,8 @@ class FormCandidate(BaseModel):
     band, `_held_out_errors`)."""
 
     name: str
-    contention: dict  # alpha1, beta1, by
-    loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2)
+    contention: dict  # alpha1, beta1, by (and overlap, overlap_width)
+    loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2) (and batch_n_exponent)
     cv_time_log_rms: float | None  # RMS over held-out clusters of their RMS log(predicted / observed)
     cv_cluster_errors: dict[str, float]  # held-out cluster -> its RMS log(predicted / observed) time
     cv_failed: str | None = None  # why the cross-validation of this form could not run
@@ -343,28 +396,37 @@ def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) 
 
 
 def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
-               contention_if_unfit: dict[str, FitQuality] | None = None):
-    """The contention fit of each form and the loss fit with and without a free kappa (the two
-    are independent: the loss fit reads measured shapes, the contention fit no losses). Where
-    the clusters leave the contention fit too few PS loads, `contention_if_unfit` stands in."""
+               contention_if_unfit: dict[tuple, FitQuality] | None = None):
+    """Every contention fit the forms use (by workers or load, with the overlap or not) and every
+    loss fit (kappa and the batch n-exponent free or not): the two are independent, the loss fit
+    reads measured shapes, the contention fit no losses. Where the clusters leave the contention
+    fit too few PS loads, `contention_if_unfit` stands in."""
     contention = {}
-    for by in ("workers", "load"):
+    for by, overlap in {f.contention_key for f in FORMS.values()}:
         try:
-            contention[by] = fit_contention(np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
-                                            np.concatenate([c.comm_s for c in clusters]),
-                                            np.concatenate([c.gpus for c in clusters]), max_nfev=max_nfev, **comm_args)
+            contention[by, overlap] = fit_contention(
+                np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
+                np.concatenate([c.comm_s for c in clusters]), np.concatenate([c.gpus for c in clusters]),
+                shares=np.concatenate([c.overlap_shares for c in clusters]) if overlap else None,
+                max_nfev=max_nfev, **comm_args)
         except ProfilingError:
             if contention_if_unfit is None:
                 raise
-            contention[by] = contention_if_unfit[by]
-    loss = {free: fit_loss_curve([c.series for c in clusters], free_kappa=free, max_nfev=max_nfev)
-            for free in (False, True)}
+            contention[by, overlap] = contention_if_unfit[by, overlap]
+    loss = {(kappa, batch): fit_loss_curve([c.series for c in clusters], free_kappa=kappa, free_batch_n=batch,
+                                           max_nfev=max_nfev)
+            for kappa, batch in {f.loss_key for f in FORMS.values()}}
     return contention, loss
 
 
-def _form_params(contention: dict[str, FitQuality], loss: dict[bool, FitQuality], form: str) -> tuple[dict, dict]:
-    free, by = FORMS[form]
-    return {**contention[by].params, "by": by}, {"kappa": None, **loss[free].params}
+def _form_params(contention: dict[tuple, FitQuality], loss: dict[tuple, FitQuality], form: str) -> tuple[dict, dict]:
+    """The profile's `contention` and `loss` sections of a form; a term the form leaves out is
+    absent (the paper's), except kappa, which is always written (null: the paper's 1/2)."""
+    by, overlap = FORMS[form].contention_key
+    contention_params = {**contention[by, overlap].params, "by": by}
+    if overlap:
+        contention_params["overlap_width"] = DEFAULT_OVERLAP_WIDTH
+    return contention_params, {"kappa": None, **loss[FORMS[form].loss_key].params}
 
 
 def _held_out_errors(model: Model, c: ProfiledCluster) -> np.ndarray:
@@ -398,7 +460,7 @@ def simplest_within_one_se(candidates: Sequence[FormCandidate]) -> str:
     best = min(scored, key=lambda c: float(squared[c.name].mean()))
     spread = squared[best.name]
     limit = float(spread.mean()) + (float(spread.std(ddof=1) / math.sqrt(len(spread))) if len(spread) > 1 else 0.0)
-    simplest_first = sorted(scored, key=lambda c: int(FORMS[c.name][0]) + int(FORMS[c.name][1] == "load"))
+    simplest_first = sorted(scored, key=lambda c: len(FORMS[c.name].terms))
     return next(c.name for c in simplest_first if float(squared[c.name].mean()) <= limit)
 
 
@@ -419,7 +481,7 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
         except ProfilingError as err:
             failed = {form: f"without {cluster_label(held_out.cluster)}: {err}" for form in FORMS}
             break
-        if any(parts[0][by] is contention[by] for by in contention):
+        if any(parts[0][key] is contention[key] for key in contention):
             kept_contention.append(cluster_label(held_out.cluster))
         for form in FORMS:
             model = Model.from_profile(profile_with(*_form_params(*parts, form)))
@@ -432,9 +494,8 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
                                         cv_cluster_errors={} if form in failed else errors[form],
                                         cv_failed=failed.get(form)))
     chosen = simplest_within_one_se(candidates)
-    free, by = FORMS[chosen]
     return (FormChoice(chosen=chosen, candidates=candidates, contention_not_held_out=kept_contention),
-            {"contention": contention[by], "loss": loss[free]})
+            {"contention": contention[FORMS[chosen].contention_key], "loss": loss[FORMS[chosen].loss_key]})
 
 
 # ---------------------------------------------------------------- the whole profile
@@ -476,16 +537,20 @@ def fit_profile(workload: str, measurements: Sequence[TypeMeasurement], cluster_
         if unknown:
             raise ProfilingError(f"cluster {c.cluster} uses types not profiled alone: {sorted(unknown)}")
     loads = ps_loads(cluster_measurements, {t: m.iteration_time_s for t, m in by_type.items()})
+    type_order = list(by_type)
+    alone_s = np.array([by_type[t].iteration_time_s for t in type_order])
     profiled = []
     for c, load in zip(cluster_measurements, loads):
         times_s = [w.iteration_time_s for w in c.workers]
         bw, cc = cluster_shape([w.batch for w in c.workers], times_s)
         j, levels = crossings(c.losses, top, bottom)
+        shares = overlap_shares([c.cluster.get(t, 0) for t in type_order], alone_s, DEFAULT_OVERLAP_WIDTH)[0]
         profiled.append(ProfiledCluster(
             cluster=c.cluster, series=LossSeries(bw, cc, c.n, j, levels), loads=load,
             types=tuple(w.type for w in c.workers), compute_s=np.array([w.compute_time_s for w in c.workers]),
             comm_s=np.array([w.comm_time_s for w in c.workers]),
-            gpus=np.array([by_type[w.type].gpus for w in c.workers], dtype=float)))
+            gpus=np.array([by_type[w.type].gpus for w in c.workers], dtype=float),
+            overlap_shares=np.array([shares[type_order.index(w.type)] for w in c.workers])))
 
     instances = []
     for m in measurements:

@@ -17,7 +17,7 @@ from tasks.profiling.measurements import ProfilingError
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
 from tasks.profiling.validate import time_on_schedule
 from tasks.runtime.telemetry import TelemetryReader
-from tests.profiling.synthetic import BPS, BREQ, S_MB, synthetic_measurements
+from tests.profiling.synthetic import BPS, BREQ, QUICK_DESIGN, S_MB, synthetic_measurements
 
 RNG = np.random.default_rng(7)
 GAMMA = np.array([40.0, -0.5, 60.0, 0.4, 1.3])
@@ -214,19 +214,79 @@ def test_presets_fit_multi_worker_clusters_spanning_the_validation_sizes(name):
 
 @pytest.mark.parametrize("by, chosen", [("workers", "paper"), ("load", "load")])
 def test_fit_chooses_the_form_that_predicts_held_out_clusters(by, chosen):
-    """Data made by a form: that form has the smallest leave-one-cluster-out error, every form's
-    error is recorded, and the chosen one's spread is the profile's uncertainty."""
+    """Data made by a form: that form is chosen, with about the smallest leave-one-cluster-out
+    error (a form with more terms can only match it), every form's error is recorded, and the
+    chosen one's spread is the profile's uncertainty."""
+    from tasks.profiling.fit import FORMS
+
     fitted = fit_profile("synthetic", *synthetic_measurements(by=by))
     form = fitted.form
-    assert form.chosen == chosen and [c.name for c in form.candidates] == ["paper", "kappa", "load", "kappa+load"]
+    assert form.chosen == chosen and [c.name for c in form.candidates] == list(FORMS)
+    assert list(FORMS)[:5] == ["paper", "kappa", "load", "overlap", "batch"] and "kappa+load+overlap+batch" in FORMS
     errors = {c.name: c.cv_time_log_rms for c in form.candidates}
     assert all(e is not None and len(c.cv_cluster_errors) == 3 for c, e in zip(form.candidates, errors.values()))
-    assert errors[chosen] == min(errors.values()) and errors[chosen] < 0.02
+    assert errors[chosen] <= min(errors.values()) + 1e-3 and errors[chosen] < 0.02
     p = fitted.profile
     assert p.uncertainty.time_log_sd == errors[chosen]
     assert p.contention.by == by and p.loss.kappa is None
+    assert p.contention.overlap is None and p.loss.batch_n_exponent is None  # absent: the paper's terms
     assert 0.25 <= form.candidate("kappa").loss["kappa"] <= 1.0
     assert p.model_extra["fit_quality"]["form"]["cv_time_log_rms"] == errors
+
+
+@pytest.mark.parametrize("terms, chosen", [
+    ({"overlap": 0.3}, "overlap"),
+    ({"batch_n_exponent": -0.5}, "batch"),
+    ({"overlap": 0.3, "batch_n_exponent": -0.5}, "overlap+batch"),
+])
+def test_the_further_terms_are_recovered_and_chosen_from_the_quick_design(terms, chosen):
+    """Data made with a further term, profiled on the quick preset's design (mixed clusters and a
+    same-speed one of each type): the term is identified (its value recovered), the form with it
+    predicts held-out clusters clearly better than the paper's, and it is chosen."""
+    fitted = fit_profile("synthetic", *synthetic_measurements(design=QUICK_DESIGN, **terms))
+    errors = {c.name: c.cv_time_log_rms for c in fitted.form.candidates}
+    assert fitted.form.chosen == chosen and errors[chosen] < min(0.02, errors["paper"] / 2)
+    p = fitted.profile
+    if "overlap" in terms:
+        assert p.contention.overlap == pytest.approx(terms["overlap"], abs=0.01) and p.contention.overlap_width == 0.2
+    else:
+        assert p.contention.overlap is None
+    if "batch_n_exponent" in terms:
+        assert p.loss.batch_n_exponent == pytest.approx(terms["batch_n_exponent"], abs=0.05)
+    else:
+        assert p.loss.batch_n_exponent is None
+    paper = fitted.form.candidate("paper")
+    assert "overlap" not in paper.contention and "batch_n_exponent" not in paper.loss
+
+
+def test_the_overlap_fit_tells_same_speed_workers_from_mixed_ones():
+    """Two workers of one period push together on every iteration (share 1), a mixed pair's
+    drift apart (share 0): at one PS load, the overlap omega is what separates their push+pull
+    times, and the fit recovers it; without the shares the fit has no such term."""
+    n = np.array([2, 2, 2, 2, 4, 4, 4, 4], dtype=float)
+    shares = np.array([1, 1, 0, 0, 1, 1, 1, 1], dtype=float)
+    comm = 2 * S_MB / contended_bandwidth_mbps(n, 0.6, -0.75, BREQ, BPS) * (1 + 0.25 * shares)
+    q = fit_contention(n, comm, [1] * len(n), param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9, shares=shares)
+    assert q.params["overlap"] == pytest.approx(0.25, abs=1e-3) and q.r2 > 0.999
+    plain = fit_contention(n, comm, [1] * len(n), param_mb=S_MB, breq_mbps=BREQ, bps_mbps=BPS, pcie_mbps=1e9)
+    assert "overlap" not in plain.params and plain.rmse > q.rmse
+
+
+def test_loss_curve_fit_recovers_the_batch_terms_n_exponent():
+    """Clusters of several sizes and WA batches on a curve whose batch term scales as n ** -0.4:
+    the free exponent recovers it, and the iterations to a target follow."""
+    g = [40.0, -0.5, 60.0, None, 1.3, None, -0.4]
+    series = []
+    for bw, cc, n in ((10.0, 0.6, 2), (24.0, 0.7, 2), (14.0, 0.8, 4), (8.0, 0.9, 7), (20.0, 0.8, 3)):
+        j = np.arange(1, 400, 2, dtype=float)
+        series.append(LossSeries(bw, cc, n, j, loss_curve(j, bw, cc, n, g)))
+    q = fit_loss_curve(series, free_batch_n=True)
+    assert q.params["batch_n_exponent"] == pytest.approx(-0.4, abs=0.02)
+    fitted = [q.params[k] for k in ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5")] + [None, q.params["batch_n_exponent"]]
+    for bw, cc, n in ((12.0, 0.7, 3), (9.0, 0.85, 6)):
+        assert float(iterations_to_loss(np.array(1.6), bw, cc, n, fitted)) == pytest.approx(
+            float(iterations_to_loss(np.array(1.6), bw, cc, n, g)), rel=0.01)
+    assert "batch_n_exponent" not in fit_loss_curve(series).params
 
 
 def _candidate(name, errors):
@@ -245,6 +305,8 @@ def test_the_simplest_form_within_one_standard_error_of_the_best_is_chosen():
     clear = _candidate("load", [0.02, 0.03, 0.02, 0.03, 0.02])  # better beyond one standard error
     both = _candidate("kappa+load", [0.02, 0.03, 0.02, 0.03, 0.01])
     assert simplest_within_one_se([paper, close, clear, both]) == "load"  # fewer extensions than kappa+load
+    three = _candidate("load+overlap+batch", [0.001, 0.002, 0.001, 0.002, 0.001])
+    assert simplest_within_one_se([paper, close, clear, both, three]) == "load+overlap+batch"  # beyond its spread
     assert simplest_within_one_se([_candidate("paper", []), _candidate("kappa", [])]) == "paper"
 
 
