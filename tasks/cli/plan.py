@@ -118,7 +118,7 @@ def predict(args: argparse.Namespace) -> int:
         print(f"extrapolated     the loss curve was fitted on {fitted[0]} to {fitted[1]} workers")
     if "interval" in out:
         (low_s, high_s), (low_usd, high_usd) = out["interval"]["time_s"], out["interval"]["cost_usd"]
-        print(f"{args.level:.0%} interval     {low_s:.1f} - {high_s:.1f} s, ${low_usd:.4f} - ${high_usd:.4f}")
+        print(f"{out['interval']['level']:.0%} interval     {low_s:.1f} - {high_s:.1f} s, ${low_usd:.4f} - ${high_usd:.4f}")
     return 0
 
 

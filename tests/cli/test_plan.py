@@ -123,6 +123,9 @@ def test_interval_and_plan_at_the_upper_end(tmp_path):
     out = json.loads(spotfill("predict", str(path), "--cluster", "p3.2xlarge=2", "--loss", "0.8", "--json").stdout)
     assert out["interval"]["level"] == 0.9
     assert out["interval"]["time_s"] == pytest.approx([out["predicted_time_s"] / factor, out["predicted_time_s"] * factor])
+    text = spotfill("predict", str(path), "--cluster", "p3.2xlarge=2", "--loss", "0.8")  # the default level, in words
+    low, high = out["interval"]["time_s"]
+    assert text.returncode == 0 and f"90% interval     {low:.1f} - {high:.1f} s" in text.stdout, text.stderr
     central = json.loads(spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--json").stdout)
     assert central["predicted_time_s"] * factor > 2600  # the central plan would miss at the upper end
     r = spotfill("plan", str(path), "--loss", "0.8", "--deadline", "2600", "--confidence", "0.9", "--json")
