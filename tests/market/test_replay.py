@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tasks.core.model import Model
-from tasks.core.profile import load_profile
+from tasks.core.profile import load_profile, profile_from_dict
 from tasks.market.policies import Policy, Situation, standard_policies
 from tasks.market.replay import Market, ReplayConfig, replay
 from tasks.planner import PlanRequest, build_problem, fastest_time_s, solve
@@ -147,16 +147,30 @@ def test_replay_time_and_cost_follow_the_model(loss, slack, cut):
     assert out.cost_usd == pytest.approx(plan.usd_per_h * out.time_s / 3600.0, rel=1e-9)
 
 
-def test_cluster_clock_tells_the_models_remaining_time():
+def _with_further_terms() -> Model:
+    data = PROFILE.model_dump()
+    data["contention"].update(overlap=0.6, overlap_width=0.3)
+    data["loss"]["batch_n_exponent"] = -0.7
+    return Model.from_profile(profile_from_dict(data))
+
+
+@pytest.mark.parametrize("further", [False, True])
+def test_cluster_clock_tells_the_models_remaining_time(further):
+    """Also with the further terms of docs/model.md: the clock's time per unit of progress is
+    the model's, whatever the cluster's overlap and batch n-exponent."""
     from tasks.market.replay import ClusterClock
 
-    clock = ClusterClock(MODEL, 0.8)
+    model = _with_further_terms() if further else MODEL
+    clock = ClusterClock(model, 0.8)
     rng = np.random.default_rng(3)
     for _ in range(20):
         counts = rng.integers(0, 3, len(NAMES))
         counts[P3] += 1
         loss = float(rng.uniform(0.82, 2.0))
-        r = MODEL.evaluate(counts, 0.8, loss)
+        r = model.evaluate(counts, 0.8, loss)
         assert clock.remaining_s(counts, loss) == pytest.approx(float(r["time_s"][0]), rel=1e-12)
-        start = MODEL.evaluate(counts, 0.8)
+        start = model.evaluate(counts, 0.8)
         assert clock.from_start(counts) == (float(start["time_s"][0]), float(start["iterations"][0]))
+    if further:  # the terms are in effect: 12 workers of one type (a contended PS) are slower than without them
+        same = MODEL.counts_vector({"g3.16xlarge": 12})
+        assert model.evaluate(same, 0.8)["iteration_time_s"][0] > MODEL.evaluate(same, 0.8)["iteration_time_s"][0]
