@@ -19,6 +19,7 @@ own parameters S, as the performance model has it (Eq. 6, 7 with one worker):
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from tasks.bench.trainloop import TrainingJob
 from tasks.core.errors import UserInputError, error_line
 from tasks.core.profile import load_profile
 from tasks.filling.attach import FillConfig, assemble, check_memory_fits
+from tasks.filling.guard import reaction_steps
 from tasks.filling.monitor import BubbleMonitor
 
 MODES = ("naive", "naive_split", "rate_limited", "gated")
@@ -37,6 +39,17 @@ DEFAULT_ONLINE_RATE = 20.0  # online requests per second (--online-rate)
 MAX_ONLINE_RATE = 1000.0  # arrivals are generated one by one in Python; the queue holds 64
 MAX_BUBBLE_SCALE = 1000.0  # a bubble 1000x the profile's is a typo (and far past any deadline arithmetic)
 MAX_TRAINING_BATCH = 4096  # BATCHES_KEPT batches of it are made up front
+# The gated filler's targets on the CPU. Retained is the median over rounds; the step-time tail is
+# judged per round too (its p99 slowdown, median over rounds and the worst round), so that a run
+# with a bad tail cannot pass on its median.
+TARGETS = {
+    "training_retained": (">=", 0.98),
+    "step_slowdown_p99_median": ("<=", 0.05),
+    "step_slowdown_p99_worst": ("<=", 0.10),
+    "fill_efficiency": (">=", 0.5),
+    "online_p95_over_naive": ("<=", 0.5),
+}
+SPILL_NOTICED_S = 1e-6  # a chunk that ran longer than this outside bubbles spilled (float noise below)
 COUNTERS = ("offline_samples", "online_served", "online_offered", "online_shed_overflow",
             "online_shed_expired", "busy_s", "busy_in_bubble_s", "spill_s", "bubble_s")
 
@@ -134,11 +147,23 @@ def bench_config(device: str = "cpu", online_rate_per_s: float = DEFAULT_ONLINE_
                       rebaseline_every=30, **INFERENCE[device])
 
 
+def judge(values: dict, targets: dict) -> dict:
+    """{key: {"value", "target", "met"}} for each of `targets` ({key: (">=" or "<=", threshold)});
+    a missing value is not met."""
+    out = {}
+    for key, (op, threshold) in targets.items():
+        value = values.get(key)
+        met = value is not None and (value >= threshold if op == ">=" else value <= threshold)
+        out[key] = {"value": value, "target": f"{op} {threshold:g}", "met": met}
+    return out
+
+
 def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None) -> dict:
     """One block of training steps with `filler` resumed (None: training alone)."""
     listener = listener or filler
     before = filler.metrics() if filler else None
     if filler:
+        guard_from = filler.guard.phases_seen
         filler.resume()
     t0 = time.perf_counter()
     times = job.run(steps, listener, first_step)
@@ -151,7 +176,66 @@ def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None)
         served = [(lat, wait) for end, lat, wait in filler.scheduler.latencies if t0 <= end <= t1]
         out["latencies_s"] = [lat for lat, _wait in served]
         out["waits_s"] = [wait for _lat, wait in served]
+        out["chunks"] = filler.chunks_picked_since(t0)
+        out["guard_steps"] = filler.guard.steps_since(guard_from)
     return out
+
+
+def spill_sources(block: dict) -> dict:
+    """Where a block's spill (inference running while training computes) came from: offline
+    chunks that outlived their bubble, and how far chunks overran their predicted cost
+    ((end - pick) / predicted, start delay included); online requests served outside a bubble;
+    the compute phases the guard saw stretched, and how many phases later it cut its budget."""
+    offline = [c for c in block["chunks"] if c.kind == "offline"]
+    online = [c for c in block["chunks"] if c.kind == "online"]
+    overruns = [(c.end_s - c.picked_s) / c.predicted_s for c in offline if c.predicted_s > 0]
+    steps = block["guard_steps"]
+    reactions = reaction_steps(steps)
+    return {
+        "spill_s": block["spill_s"],
+        "offline_spill_s": sum(c.outside_s for c in offline),
+        "online_spill_s": sum(c.outside_s for c in online),
+        "offline_chunks": len(offline),
+        "offline_chunks_spilled": sum(c.outside_s > SPILL_NOTICED_S for c in offline),
+        "overrun_p50": float(np.median(overruns)) if overruns else None,
+        "overrun_max": max(overruns, default=None),
+        "online_requests_outside_bubbles": sum(c.batch for c in online if c.outside_s > SPILL_NOTICED_S),
+        "stretched_steps": sum(step.stretched for step in steps),
+        "guard_shrinks": sum(step.shrunk for step in steps),
+        "guard_reaction_steps": reactions,
+        "guard_budget_min": min((step.budget for step in steps), default=None),
+    }
+
+
+def rounds_distribution(rounds: list[dict]) -> dict:
+    """One mode's per-round numbers ({training_retained, step_slowdown_p99} per round) as a
+    distribution: retained p10/p50/p90 and the p99 step slowdown's median and worst round."""
+    retained = [r["training_retained"] for r in rounds]
+    p99 = [r["step_slowdown_p99"] for r in rounds]
+    p10, p50, p90 = np.percentile(retained, [10, 50, 90])
+    return {"training_retained_p10": float(p10), "training_retained_p50": float(p50),
+            "training_retained_p90": float(p90),
+            "step_slowdown_p99_median": float(np.median(p99)), "step_slowdown_p99_worst": max(p99)}
+
+
+def spill_summary(sources: list[dict]) -> dict:
+    """The gated filler's spill sources over all rounds."""
+    spill = [s["spill_s"] for s in sources]
+    reactions = [r for s in sources for r in s["guard_reaction_steps"]]
+    overrun_max = [s["overrun_max"] for s in sources if s["overrun_max"] is not None]
+    return {
+        "spill_s_per_round_p50": float(np.median(spill)), "spill_s_per_round_max": max(spill),
+        "offline_spill_s": sum(s["offline_spill_s"] for s in sources),
+        "online_spill_s": sum(s["online_spill_s"] for s in sources),
+        "offline_chunks": sum(s["offline_chunks"] for s in sources),
+        "offline_chunks_spilled": sum(s["offline_chunks_spilled"] for s in sources),
+        "overrun_max": max(overrun_max, default=None),
+        "online_requests_outside_bubbles": sum(s["online_requests_outside_bubbles"] for s in sources),
+        "stretched_steps": sum(s["stretched_steps"] for s in sources),
+        "guard_shrinks": sum(s["guard_shrinks"] for s in sources),
+        "guard_reaction_steps_max": max((r for r in reactions if r is not None), default=None),
+        "stretched_steps_unanswered": sum(r is None for r in reactions),
+    }
 
 
 def _solo_block(filler, duration_s: float) -> dict:
@@ -235,6 +319,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     config = bench_config(device, online_rate)
     check_memory_fits(config, copies=len(MODES) + 1)  # every mode's filler and inference alone
     started_s = time.perf_counter()
+    load_start = os.getloadavg()[0]
     job = training_job(device, shape["training_batch"])
     job.set_bubble(profile_bubble_s(job.param_mb, shape["instance_type"], scale=shape["bubble_scale"]))
     probe = BubbleMonitor()
@@ -269,7 +354,8 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
                                           listener=BubbleMonitor() if mode == "alone" else None)
                 blocks[mode].append(this_round[mode])
                 step += s["block_steps"]
-            ratios.append({m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES})
+            ratios.append({**{m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES},
+                           "gated_spill_sources": spill_sources(this_round["gated"])})
             r += 1
     finally:
         for filler in fillers.values():
@@ -283,6 +369,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     for mode in MODES:
         modes[mode] = {k: float(statistics.median(rd[mode][k] for rd in ratios))
                        for k in ratios[0][mode]}
+        modes[mode].update(rounds_distribution([rd[mode] for rd in ratios]))
         modes[mode].update(_pooled(blocks[mode]))
         modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
                                                 / solo["offline_samples_per_s"])
@@ -299,6 +386,9 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         "rate_limited_training_retained": modes["rate_limited"]["training_retained"],
         "step_slowdown_p50": gated["step_slowdown_p50"],
         "step_slowdown_p99": gated["step_slowdown_p99"],
+        **{k: gated[k] for k in ("training_retained_p10", "training_retained_p50",
+                                 "training_retained_p90", "step_slowdown_p99_median",
+                                 "step_slowdown_p99_worst")},
         "fill_efficiency": gated["fill_efficiency"],
         "spill_fraction": gated["spill_fraction"],
         "spill_share_of_training_time": gated["spill_share_of_training_time"],
@@ -312,6 +402,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         # < 0.5 is the issue's "at least 50% lower than naive co-location"
         "online_p95_over_naive": (gated["online_p95_s"] / naive["online_p95_s"]
                                   if gated["online_p95_s"] and naive["online_p95_s"] else None),
+        "spill_sources": spill_summary([rd["gated_spill_sources"] for rd in ratios]),
         "solo_inference": solo,
         "modes": modes,
         "rounds": ratios,
@@ -320,8 +411,11 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
                      "comm_s": job.transfer_s(), "bubble_share": job.transfer_s() / step_s,
                      **shape, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
                      "param_mb": job.param_mb, "training_batch": job.batch,
-                     "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s},
+                     "fill_config": config.model_dump(), "elapsed_s": time.perf_counter() - started_s,
+                     "load_average_start": load_start, "load_average_end": os.getloadavg()[0]},
     }
+    result["checks"] = judge(result, TARGETS)
+    result["targets_met"] = all(c["met"] for c in result["checks"].values())
     result["plot"] = _plot(result, artifact)
     return result
 

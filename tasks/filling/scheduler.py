@@ -37,15 +37,36 @@ class Chunk:
 
 
 class CostModel:
-    """Measured seconds per chunk, per batch size (EWMA); sizes are powers of two up to max_batch."""
+    """Measured seconds per chunk, per batch size (EWMA); sizes are powers of two up to max_batch.
 
-    def __init__(self, max_batch: int, weight: float = 0.2):
+    It also keeps how far recent chunks overran their prediction: (chunk end - its pick) /
+    predicted cost, start delay included, since that is what decides whether a chunk picked for
+    a bubble ends inside it. A chunk fits an allowance only if its cost times a high quantile of
+    those ratios (`overrun_quantile` of the last `overrun_window`; at least 1) does: a prediction
+    that is right on average still overruns in its tail, and the tail is what costs training."""
+
+    def __init__(self, max_batch: int, weight: float = 0.2, overrun_quantile: float = 0.95,
+                 overrun_window: int = 64):
         self.batch_sizes = [1 << i for i in range(max_batch.bit_length()) if (1 << i) <= max_batch]
         if self.batch_sizes[-1] != max_batch:
             self.batch_sizes.append(max_batch)
         self.weight = weight
         self.cost_s: dict[int, float] = {}
+        self.overrun_quantile = overrun_quantile
+        self._overruns: deque[float] = deque(maxlen=overrun_window)
+        self._overrun_factor = 1.0
         self._lock = threading.Lock()
+
+    def observe_overrun(self, ratio: float) -> None:
+        """One chunk's (end - pick) / predicted cost."""
+        with self._lock:
+            self._overruns.append(ratio)
+            self._overrun_factor = max(1.0, float(np.quantile(np.fromiter(self._overruns, float),
+                                                              self.overrun_quantile)))
+
+    def overrun_factor(self) -> float:
+        """What a predicted cost is multiplied by before it is compared with an allowance."""
+        return self._overrun_factor
 
     def update(self, batch: int, seconds: float) -> None:
         size = self._size_for(batch)
@@ -64,12 +85,14 @@ class CostModel:
         return self.cost_s.get(self._size_for(batch))
 
     def largest_fitting(self, allowance_s: float, limit: int) -> int:
-        """The largest batch (<= limit) whose measured cost fits the allowance; 0 if none."""
+        """The largest batch (<= limit) whose measured cost, times the overrun factor, fits the
+        allowance; 0 if none."""
         best = 0
+        factor = self.overrun_factor()
         for size in self.batch_sizes:
             n = min(size, limit)
             cost = self.predict_s(n)
-            if cost is None or cost > allowance_s:
+            if cost is None or cost * factor > allowance_s:
                 break
             best = n
             if size >= limit:
@@ -219,7 +242,10 @@ class Scheduler:
 
     def complete(self, chunk: Chunk, end_s: float, busy_s: float) -> None:
         with self._lock:
-            self.cost_model(chunk.lane).update(chunk.batch, busy_s)
+            costs = self.cost_model(chunk.lane)
+            if chunk.predicted_s > 0:
+                costs.observe_overrun((end_s - chunk.picked_s) / chunk.predicted_s)
+            costs.update(chunk.batch, busy_s)
             if chunk.kind == "online":
                 self.online_served += chunk.batch
                 self.latencies.extend((end_s, end_s - a, chunk.picked_s - a) for a in chunk.arrivals_s)

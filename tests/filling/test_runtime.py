@@ -145,7 +145,7 @@ def test_gated_filler_without_online_reserve_serves_inference_only_inside_bubble
     assert m["bubbles"] == 20 and m["baseline_compute_s"] > 0
     assert m["chunks"] > 0 and m["offline_samples"] > 0 and m["online_served"] > 0
     assert m["online_p95_s"] is not None and m["online_p95_s"] >= m["online_p50_s"]
-    assert all(_inside(picked, bubbles) for picked, *_ in filler.chunk_log)
+    assert all(_inside(c.picked_s, bubbles) for c in filler.chunk_log)
     assert 0 < m["busy_in_bubble_s"] <= m["busy_s"]
     assert 0 < m["fill_efficiency"] <= 1
     assert m["online_offered"] == (m["online_served"] + m["online_shed_overflow"]
@@ -160,7 +160,7 @@ def test_naive_colocation_starts_chunks_outside_bubbles(one_training_thread):
     filler.start()
     _train_with(filler, steps=8)
     bubbles = list(filler.monitor.recent_bubbles)
-    assert any(not _inside(picked, bubbles) for picked, *_ in filler.chunk_log)
+    assert any(not _inside(c.picked_s, bubbles) for c in filler.chunk_log)
     assert filler.metrics()["spill_s"] > 0
 
 

@@ -13,7 +13,7 @@ from tasks.filling.baselines import OpenAdmission
 from tasks.filling.executor import CpuExecutor
 from tasks.filling.filler import Filler
 from tasks.filling.gate import RESERVE_SAVED_S, Gate
-from tasks.filling.guard import StepTimeGuard
+from tasks.filling.guard import StepTimeGuard, reaction_steps
 from tasks.filling.models import build_workload
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, CostModel, OnlineQueue, PoissonArrivals, Scheduler
@@ -463,14 +463,14 @@ def test_a_request_overtakes_a_running_offline_chunk_only_with_its_own_lane(poli
     finally:
         filler.close()
     log = list(filler.chunk_log)
-    online_start = next(start for _, start, _, kind, _ in log if kind == "online")
-    first_offline_end = min(end for _, _, end, kind, _ in log if kind == "offline")
+    online_start = next(c.start_s for c in log if c.kind == "online")
+    first_offline_end = min(c.end_s for c in log if c.kind == "offline")
     assert (online_start < first_offline_end) == (policy == "gated")
 
 
 # -- guard ---------------------------------------------------------------------------------------
 def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additively():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, window=1, decrease=0.5,
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, decrease=0.5,
                           increase=0.1, floor=0.1)
     for s in (0.10, 0.12, 0.11):
         guard.observe_compute_s(s)
@@ -492,7 +492,7 @@ def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additivel
 
 
 def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4)
     assert guard.calibrating
     for s in (1.0, 1.0):
         guard.observe_compute_s(s)
@@ -513,7 +513,7 @@ def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile(
 
 
 def test_guard_baseline_follows_clean_phases_and_judges_only_the_touched_ones():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4)
     for s in (1.0, 1.0):
         guard.observe_compute_s(s)
     for s in (2.0, 2.0, 2.0, 2.0, 2.0):  # the machine got slower; no chunk touched these phases
@@ -556,11 +556,35 @@ def test_filler_marks_a_compute_phase_clean_only_if_no_chunk_ran_in_it():
     assert seen == [True, False, False]
 
 
-def test_guard_judges_the_median_of_its_window():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=1, window=3)
-    for s in (1.0, 1.0, 1.0, 5.0):  # one outlier among normal steps
+def test_guard_leaves_an_untouched_slow_phase_alone():
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=1)
+    for s in (1.0, 1.0, 1.0, 5.0):  # the machine's own hiccup: no chunk touched it
         guard.observe_compute_s(s)
-    assert guard.shrinks == 0
+    assert guard.shrinks == 0 and not any(step.stretched for step in guard.history)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stretched_step_among_untouched_ones_cuts_the_budget_at_once(seed):
+    """A synthetic trace: clean phases with noise, inference touching some phases without harm,
+    and now and then one touched phase stretched by half. Each stretched phase cuts the budget
+    before the next bubble (0 phases later), however few they are among the others, and the
+    budget then grows back step by step, not at once."""
+    rng = random.Random(seed)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, rebaseline_every=30)
+    for _ in range(3):
+        guard.observe_compute_s(0.010)
+    stretched_at = set(rng.sample(range(10, 200), 6))
+    for i in range(200):
+        if i in stretched_at:
+            guard.observe_compute_s(0.015, clean=False)
+        else:
+            guard.observe_compute_s(0.010 * (1 + rng.uniform(-0.02, 0.02)), clean=rng.random() < 0.5)
+    assert reaction_steps(list(guard.history)) == [0] * 6
+    assert guard.shrinks == 6
+    after = [step.budget for step in guard.history][-200:]
+    cut = next(i for i, step in enumerate(list(guard.history)[-200:]) if step.shrunk)
+    assert after[cut] == pytest.approx(after[cut - 1] * 0.5)
+    assert after[cut + 1] - after[cut] == pytest.approx(0.1)  # recovers by 0.1 a phase
 
 
 # -- scheduler -----------------------------------------------------------------------------------
