@@ -620,12 +620,12 @@ def test_scheduler_serves_online_before_offline_and_records_latency():
     queue.offer(0.1)
     chunk = sched.pick(1.0, now_s=0.2)
     assert chunk.kind == "online" and chunk.batch == 2 and chunk.arrivals_s == [0.0, 0.1]
-    sched.complete(chunk, end_s=0.3, busy_s=0.02)
-    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.3, 0.2])
+    sched.complete(chunk, end_s=0.22, busy_s=0.02)
+    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.22, 0.12])
     assert [wait for _, _, wait in sched.latencies] == pytest.approx([0.2, 0.1])  # formed at 0.2
     chunk = sched.pick(0.05, now_s=0.4)
     assert chunk.kind == "offline" and chunk.batch == 4
-    sched.complete(chunk, end_s=0.5, busy_s=0.04)
+    sched.complete(chunk, end_s=0.44, busy_s=0.04)
     assert sched.offline_samples == 4 and sched.online_served == 2
 
 
