@@ -66,19 +66,18 @@ INSTANCE_TYPE = "p3.2xlarge"
 TRAINING = {"cpu": (None, {}, 16), "cuda": ("resnet110-cifar100", {}, 128)}
 # device -> the inference side's FillConfig fields (besides the rate)
 INFERENCE = {
-    # A request served during training's compute costs training about 1.5-2x its own run time
-    # (it preempts one of training's two threads; the other waits at the next barrier). It waits
-    # for the next bubble only when that opens within 4 ms of its arrival (about two requests'
-    # run time); otherwise the online reserve serves it at once, and the reserve (2% of wall time,
-    # refilled at the guard's budget) bounds what training pays. A bound as long as the compute
-    # phase keeps training whole but puts the p95 at the compute phase, on a fast machine no
-    # better than naive co-location's (docs/filling.md, "Online latency on a CPU").
+    # Online requests run only inside bubbles (no online reserve): a request served during
+    # training's compute costs training about 1.5-2x its own run time (it preempts one of
+    # training's two threads; the other waits at the next barrier), which stretched a few steps
+    # of nearly every round (the step-time tail), and each such step makes the guard cut the
+    # budget. A request waits for the next bubble instead: at most about one compute phase,
+    # which at batch 16 is a fraction of naive co-location's wait behind an offline chunk.
     # One intra-op thread per lane, as FillConfig's default: a lane with two would start a second
     # OpenMP team in the process, and once teams' threads outnumber the cores libgomp cuts every
     # team's spin-wait, training's too (its compute phase ran 1.2-1.3x slower with such a filler
     # at work, 2-2.6x with it paused; docs/filling.md, Executor).
     "cpu": {"model": "cnn", "slo_s": 0.5, "max_batch": 32, "intra_op_threads": 1,
-            "online_max_wait_s": 0.004},
+            "online_reserve": 0.0},
     # The GPU's compute phase (~28 ms) is well inside the 50 ms SLO, so a request that arrives
     # during it waits for the bubble unless its wait would pass 25 ms in all (half the SLO); the online
     # reserve (what runs next to training's kernels and slows them) is halved, so that spill

@@ -613,6 +613,37 @@ def test_cost_model_tracks_measurements_with_ewma():
     assert costs.predict_s(1) == pytest.approx(2.0)
 
 
+def test_a_chunk_fits_only_with_the_tail_of_its_measured_overruns():
+    """Chunks that mostly end on time but now and then take 1.6x their prediction: the fit uses
+    the high quantile of (end - pick) / predicted, not the mean, so a chunk whose predicted cost
+    fits the allowance but whose tail would overrun it is not issued."""
+    costs = costs_linear()  # batch 8: 0.08 s
+    assert costs.largest_fitting(0.09, 8) == 8
+    for i in range(40):
+        costs.observe_overrun(1.6 if i % 10 == 0 else 1.0)
+    assert costs.overrun_factor() == pytest.approx(1.6)
+    assert costs.largest_fitting(0.09, 8) == 4  # 0.08 x 1.6 > 0.09; 0.04 x 1.6 fits
+    fast = costs_linear()
+    for _ in range(40):
+        fast.observe_overrun(0.7)  # ends early: never below the prediction itself
+    assert fast.overrun_factor() == 1.0
+
+
+def test_the_scheduler_learns_overruns_from_pick_to_end_and_the_gate_issues_nothing_that_would_overrun():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    sched = Scheduler(OnlineQueue(4, 1.0), None, costs_linear(per_sample_s=0.005), dataset_size=100)
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0)
+    for _ in range(20):  # chunks started 50% late after their pick: the bubble's end is what counts
+        chunk = sched.pick(1.0, now_s=0.0, lane="offline")
+        sched.complete(chunk, end_s=1.5 * chunk.predicted_s, busy_s=chunk.predicted_s)
+    open_bubble(monitor, clock, 3)
+    clock.now += 0.05  # 0.05 s of the 0.1 s bubble left
+    chunk = gate.start("offline", lambda a: sched.pick(a, clock(), "offline"))
+    assert chunk.batch == 4 and 1.5 * chunk.predicted_s <= 0.05  # 8 (0.04 s) would end at 0.06 s
+
+
 def test_scheduler_serves_online_before_offline_and_records_latency():
     queue = OnlineQueue(capacity=10, slo_s=1.0)
     sched = Scheduler(queue, None, costs_linear(), dataset_size=100)
