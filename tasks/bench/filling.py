@@ -177,14 +177,17 @@ def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None)
         out["waits_s"] = [wait for _lat, wait in served]
         out["chunks"] = filler.chunks_picked_since(t0)
         out["guard_steps"] = filler.guard.steps_since(guard_from)
+        out["overrun_factor"] = filler.scheduler.costs.overrun_factor()
     return out
 
 
 def spill_sources(block: dict) -> dict:
     """Where a block's spill (inference running while training computes) came from: offline
     chunks that outlived their bubble, and how far chunks overran their predicted cost
-    ((end - pick) / predicted, start delay included); online requests served outside a bubble;
-    the compute phases the guard saw stretched, and how many phases later it cut its budget."""
+    ((end - pick) / predicted, start delay included) and the factor offline chunks were fitted
+    with at the block's end; online requests served outside a bubble; the compute phases the
+    guard saw stretched, how many phases later it cut its budget, and how many phases it spent
+    re-measuring its baseline (no offline chunk starts then)."""
     offline = [c for c in block["chunks"] if c.kind == "offline"]
     online = [c for c in block["chunks"] if c.kind == "online"]
     overruns = [(c.end_s - c.picked_s) / c.predicted_s for c in offline if c.predicted_s > 0]
@@ -198,11 +201,13 @@ def spill_sources(block: dict) -> dict:
         "offline_chunks_spilled": sum(c.outside_s > SPILL_NOTICED_S for c in offline),
         "overrun_p50": float(np.median(overruns)) if overruns else None,
         "overrun_max": max(overruns, default=None),
+        "overrun_factor": block["overrun_factor"],
         "online_requests_outside_bubbles": sum(c.batch for c in online if c.outside_s > SPILL_NOTICED_S),
         "stretched_steps": sum(step.stretched for step in steps),
         "guard_shrinks": sum(step.shrunk for step in steps),
         "guard_reaction_steps": reactions,
         "guard_budget_min": min((step.budget for step in steps), default=None),
+        "guard_calibrating_steps": sum(step.calibrating for step in steps),
     }
 
 
@@ -234,6 +239,7 @@ def spill_summary(sources: list[dict]) -> dict:
         "guard_shrinks": sum(s["guard_shrinks"] for s in sources),
         "guard_reaction_steps_max": max((r for r in reactions if r is not None), default=None),
         "stretched_steps_unanswered": sum(r is None for r in reactions),
+        "guard_calibrating_steps": sum(s["guard_calibrating_steps"] for s in sources),
     }
 
 

@@ -33,6 +33,7 @@ class GuardStep:
     stretched: bool  # touched by inference and longer than baseline * (1 + tolerance)
     shrunk: bool  # the budget was cut after it
     budget: float  # after this phase
+    calibrating: bool  # after this phase: the gate admits no offline chunk
 
 
 class StepTimeGuard:
@@ -84,7 +85,7 @@ class StepTimeGuard:
             stretched = not clean and self.is_stretched(compute_s)
             shrunk = self._judge(compute_s, clean, stretched)
             self.history.append(GuardStep(self.phases_seen, compute_s, clean, stretched, shrunk,
-                                          self.budget))
+                                          self.budget, self.calibrating))
             self.phases_seen += 1
 
     def _judge(self, compute_s: float, clean: bool, stretched: bool) -> bool:
