@@ -177,7 +177,7 @@ def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None)
         out["waits_s"] = [wait for _lat, wait in served]
         out["chunks"] = filler.chunks_picked_since(t0)
         out["guard_steps"] = filler.guard.steps_since(guard_from)
-        out["overrun_factor"] = filler.scheduler.costs.overrun_factor()
+        out["overrun_factor"] = filler.scheduler.costs.overrun_factor(filler.monitor.clock())
     return out
 
 

@@ -616,17 +616,19 @@ def test_cost_model_tracks_measurements_with_ewma():
 def test_a_chunk_fits_only_with_the_tail_of_its_measured_overruns():
     """Chunks that mostly end on time but now and then take 1.6x their prediction: the fit uses
     the high quantile of (end - pick) / predicted, not the mean, so a chunk whose predicted cost
-    fits the allowance but whose tail would overrun it is not issued."""
+    fits the allowance but whose tail would overrun it is not issued; the tail ages out."""
     costs = costs_linear()  # batch 8: 0.08 s
-    assert costs.largest_fitting(0.09, 8) == 8
+    assert costs.overrun_factor(0.0) == 1.0
     for i in range(40):
-        costs.observe_overrun(1.6 if i % 10 == 0 else 1.0)
-    assert costs.overrun_factor() == pytest.approx(1.6)
-    assert costs.largest_fitting(0.09, 8) == 4  # 0.08 x 1.6 > 0.09; 0.04 x 1.6 fits
+        costs.observe_overrun(1.6 if i % 10 == 0 else 1.0, at_s=i * 0.1)
+    factor = costs.overrun_factor(4.0)
+    assert factor == pytest.approx(1.6)
+    assert costs.largest_fitting(0.09, 8) == 8
+    assert costs.largest_fitting(0.09, 8, factor) == 4  # 0.08 x 1.6 > 0.09; 0.04 x 1.6 fits
+    assert costs.overrun_factor(4.0 + costs.overrun_memory_s) == 1.0  # a load spike passes
     fast = costs_linear()
-    for _ in range(40):
-        fast.observe_overrun(0.7)  # ends early: never below the prediction itself
-    assert fast.overrun_factor() == 1.0
+    fast.observe_overrun(0.7, at_s=0.0)  # ended early: never below the prediction itself
+    assert fast.overrun_factor(0.0) == 1.0
 
 
 def test_the_scheduler_learns_overruns_from_pick_to_end_and_the_gate_issues_nothing_that_would_overrun():
