@@ -177,17 +177,20 @@ def _block(job: TrainingJob, filler, steps: int, first_step: int, listener=None)
         out["waits_s"] = [wait for _lat, wait in served]
         out["chunks"] = filler.chunks_picked_since(t0)
         out["guard_steps"] = filler.guard.steps_since(guard_from)
-        out["overrun_factor"] = filler.scheduler.costs.overrun_factor(filler.monitor.clock())
+        now = filler.monitor.clock()
+        out["overrun_factor"] = filler.scheduler.cost_model("offline").overrun_factor(now)
+        out["online_overrun_factor"] = filler.scheduler.cost_model("online").overrun_factor(now)
     return out
 
 
 def spill_sources(block: dict) -> dict:
     """Where a block's spill (inference running while training computes) came from: offline
     chunks that outlived their bubble, and how far chunks overran their predicted cost
-    ((end - pick) / predicted, start delay included) and the factor offline chunks were fitted
-    with at the block's end; online requests served outside a bubble; the compute phases the
-    guard saw stretched, how many phases later it cut its budget, and how many phases it spent
-    re-measuring its baseline (no offline chunk starts then)."""
+    ((end - pick) / predicted, start delay included) and the factors offline chunks and online
+    requests were fitted with at the block's end (a large online one keeps requests waiting for
+    a bubble with room for their tail); online requests served outside a bubble; the compute
+    phases the guard saw stretched, how many phases later it cut its budget, and how many phases
+    it spent re-measuring its baseline (no offline chunk starts then)."""
     offline = [c for c in block["chunks"] if c.kind == "offline"]
     online = [c for c in block["chunks"] if c.kind == "online"]
     overruns = [(c.end_s - c.picked_s) / c.predicted_s for c in offline if c.predicted_s > 0]
@@ -202,6 +205,7 @@ def spill_sources(block: dict) -> dict:
         "overrun_p50": float(np.median(overruns)) if overruns else None,
         "overrun_max": max(overruns, default=None),
         "overrun_factor": block["overrun_factor"],
+        "online_overrun_factor": block["online_overrun_factor"],
         "online_requests_outside_bubbles": sum(c.batch for c in online if c.outside_s > SPILL_NOTICED_S),
         "stretched_steps": sum(step.stretched for step in steps),
         "guard_shrinks": sum(step.shrunk for step in steps),

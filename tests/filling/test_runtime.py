@@ -236,7 +236,8 @@ def test_spill_sources_split_a_rounds_spill_between_offline_chunks_online_reques
              GuardStep(12, 0.010, False, False, False, 0.6, False),
              GuardStep(13, 0.017, False, True, False, 0.6, True),  # stretched while re-measuring
              GuardStep(14, 0.010, True, False, False, 0.6, True)]
-    block = {"chunks": chunks, "guard_steps": steps, "spill_s": 0.007, "overrun_factor": 1.5}
+    block = {"chunks": chunks, "guard_steps": steps, "spill_s": 0.007, "overrun_factor": 1.5,
+             "online_overrun_factor": 2.0}
     src = spill_sources(block)
     assert src["offline_spill_s"] == pytest.approx(0.005) and src["online_spill_s"] == pytest.approx(0.002)
     assert (src["offline_chunks"], src["offline_chunks_spilled"]) == (2, 1)
@@ -245,7 +246,9 @@ def test_spill_sources_split_a_rounds_spill_between_offline_chunks_online_reques
     assert src["stretched_steps"] == 2 and src["guard_shrinks"] == 1
     assert src["guard_reaction_steps"] == [0, None] and src["guard_budget_min"] == 0.5
     assert src["guard_calibrating_steps"] == 2
-    quiet = spill_sources({"chunks": [], "guard_steps": [], "spill_s": 0.0, "overrun_factor": 1.0})
+    assert (src["overrun_factor"], src["online_overrun_factor"]) == (1.5, 2.0)
+    quiet = spill_sources({"chunks": [], "guard_steps": [], "spill_s": 0.0, "overrun_factor": 1.0,
+                           "online_overrun_factor": 1.0})
     assert quiet["overrun_max"] is None and quiet["guard_budget_min"] is None
     total = spill_summary([src, quiet])
     assert total["spill_s_per_round_max"] == pytest.approx(0.007)
