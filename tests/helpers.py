@@ -80,19 +80,29 @@ def fake_result(rate: float) -> dict:
             "online_shed": 0, "guard_shrinks": 0}
     modes = {m: dict(mode) for m in bench.MODES}
     modes["naive"]["online_p95_s"] = 0.02
-    return {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,
-            "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03, "fill_efficiency": 0.6,
-            "spill_fraction": 0.1, "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3,
-            "online_p95_s": 0.01, "naive_online_p95_s": 0.02, "naive_split_online_p95_s": 0.02,
-            "online_p95_over_naive": 0.5, "modes": modes,
-            "solo_inference": {"offline_samples_per_s": 1600.0, "online_p50_s": 0.001,
-                               "online_p95_s": 0.002, "online_p99_s": 0.003},
-            "settings": {"device": "cpu", "device_name": "cpu", "compute_s": 0.02, "comm_s": 0.02,
-                         "rounds_run": 12, "block_steps": 6, "elapsed_s": 40.0,
-                         "training": "small-cnn", "training_batch": 64, "param_mb": 1.72,
-                         "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
-                         "fill_config": {"slo_s": 0.5, "model": "cnn"}},
-            "plot": None}
+    result = {"online_rate_per_s": rate, "training_retained": 0.99, "naive_training_retained": 0.7,
+              "step_slowdown_p50": 0.01, "step_slowdown_p99": 0.03, "fill_efficiency": 0.6,
+              "training_retained_p10": 0.97, "training_retained_p50": 0.99, "training_retained_p90": 1.01,
+              "step_slowdown_p99_median": 0.03, "step_slowdown_p99_worst": 0.08,
+              "spill_sources": {"offline_spill_s": 0.004, "online_spill_s": 0.0, "offline_chunks": 300,
+                                "offline_chunks_spilled": 2, "overrun_max": 1.4,
+                                "online_requests_outside_bubbles": 0, "stretched_steps": 1,
+                                "guard_shrinks": 1, "guard_reaction_steps_max": 0,
+                                "stretched_steps_unanswered": 0, "guard_calibrating_steps": 3},
+              "spill_fraction": 0.1, "offline_samples_per_s": 500.0, "offline_share_of_solo": 0.3,
+              "online_p95_s": 0.01, "naive_online_p95_s": 0.02, "naive_split_online_p95_s": 0.02,
+              "online_p95_over_naive": 0.5, "modes": modes,
+              "solo_inference": {"offline_samples_per_s": 1600.0, "online_p50_s": 0.001,
+                                 "online_p95_s": 0.002, "online_p99_s": 0.003},
+              "settings": {"device": "cpu", "device_name": "cpu", "compute_s": 0.02, "comm_s": 0.02,
+                           "rounds_run": 12, "block_steps": 6, "elapsed_s": 40.0,
+                           "training": "small-cnn", "training_batch": 64, "param_mb": 1.72,
+                           "instance_type": "p3.2xlarge", "bubble_scale": 1.0,
+                           "fill_config": {"slo_s": 0.5, "model": "cnn"}},
+              "plot": None}
+    result["checks"] = bench.judge(result, bench.TARGETS)
+    result["targets_met"] = all(c["met"] for c in result["checks"].values())
+    return result
 
 
 KAPPAS = st.sampled_from([None, 0.25, 0.5, 0.75, 1.0])

@@ -87,16 +87,6 @@ def served_share(mode: dict) -> float | None:
     return mode["online_served"] / total if total else None
 
 
-def judge(values: dict, targets: dict = TARGETS) -> dict:
-    """{key: {"value", "target", "met"}}; a missing value is not met."""
-    out = {}
-    for key, (op, threshold) in targets.items():
-        value = values.get(key)
-        met = value is not None and (value >= threshold if op == ">=" else value <= threshold)
-        out[key] = {"value": value, "target": f"{op} {threshold:g}", "met": met}
-    return out
-
-
 def mode_values(mode: dict) -> dict:
     """One mode's numbers under the TARGETS' keys (the served share computed from its counts)."""
     return {**{k: mode[k] for k in TARGETS if k != "online_served_share"},
@@ -120,7 +110,7 @@ def filling_summary(result: dict) -> dict:
                        "online_p50_s": m["online_p50_s"], "online_served": m["online_served"],
                        "online_shed": m["online_shed"], "guard_shrinks": m["guard_shrinks"],
                        "filler_error": m.get("filler_error"),
-                       "checks": judge(values)}
+                       "checks": filling_bench.judge(values, TARGETS)}
     checks = {**modes["gated"]["checks"],
               "rounds": {"value": st["rounds_run"], "target": f">= {MIN_ROUNDS}",
                          "met": st["rounds_run"] >= MIN_ROUNDS}}

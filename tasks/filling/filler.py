@@ -9,11 +9,24 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from tasks.filling.gate import Admission
 from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, Scheduler
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One finished chunk, for the bench's diagnostics and tests."""
+    picked_s: float
+    start_s: float
+    end_s: float
+    kind: str
+    batch: int
+    predicted_s: float  # its cost model's prediction when it was picked
+    outside_s: float  # of its run, the seconds outside bubbles: what spilled into compute
 
 
 class Filler:
@@ -34,8 +47,7 @@ class Filler:
         self._active = 0
         self._busy_since = 0.0
         self._compute_clean = True  # no chunk has run during the current compute phase
-        # Recent chunks as (picked_s, start_s, end_s, kind, batch), for tests and inspection.
-        self.chunk_log: deque[tuple[float, float, float, str, int]] = deque(maxlen=10_000)
+        self.chunk_log: deque[ChunkRecord] = deque(maxlen=10_000)  # recent chunks
         self._stats_lock = threading.Lock()
         self._stop = threading.Event()
         self._running = threading.Event()
@@ -114,9 +126,11 @@ class Filler:
             if self.error is not None:
                 return
             self.scheduler.complete(chunk, t1, t1 - t0 if device_s is None else device_s)
+            record = ChunkRecord(chunk.picked_s, t0, t1, chunk.kind, chunk.batch, chunk.predicted_s,
+                                 (t1 - t0) - self.monitor.overlap_s(t0, t1))
             with self._stats_lock:
                 self.chunks += 1
-                self.chunk_log.append((chunk.picked_s, t0, t1, chunk.kind, chunk.batch))
+                self.chunk_log.append(record)
 
     # Busy time is the union of the lanes' chunk intervals (wall time with >= 1 chunk running),
     # so K concurrent chunks never count a bubble twice.
@@ -137,6 +151,11 @@ class Filler:
                 self.busy_s += now - self._busy_since
                 self.busy_in_bubble_s += self.monitor.overlap_s(self._busy_since, now)
             return now
+
+    def chunks_picked_since(self, since_s: float) -> list[ChunkRecord]:
+        """The finished chunks picked at or after `since_s` (of the recent ones kept)."""
+        with self._stats_lock:
+            return [c for c in self.chunk_log if c.picked_s >= since_s]
 
     def pause(self) -> None:
         """Start no new chunk until resume() (running ones finish). Queued online requests are

@@ -37,15 +37,43 @@ class Chunk:
 
 
 class CostModel:
-    """Measured seconds per chunk, per batch size (EWMA); sizes are powers of two up to max_batch."""
+    """Measured seconds per chunk, per batch size (EWMA); sizes are powers of two up to max_batch.
 
-    def __init__(self, max_batch: int, weight: float = 0.2):
+    It also keeps how far recent chunks overran their prediction: (chunk end - its pick) /
+    predicted cost, start delay included, since that is what decides whether a chunk picked for
+    a bubble ends inside it. A chunk fits an allowance only if its cost times a high quantile of
+    those ratios (`overrun_quantile` of the last `overrun_window` seen within `overrun_memory_s`;
+    at least 1) does: a prediction that is right on average still overruns in its tail, and the
+    tail is what costs training. Ratios age out by time, not only by count: after a load spike
+    whose overruns shut out every chunk, no new chunk would come to push them out.
+    """
+
+    def __init__(self, max_batch: int, weight: float = 0.2, overrun_quantile: float = 0.95,
+                 overrun_window: int = 64, overrun_memory_s: float = 10.0):
         self.batch_sizes = [1 << i for i in range(max_batch.bit_length()) if (1 << i) <= max_batch]
         if self.batch_sizes[-1] != max_batch:
             self.batch_sizes.append(max_batch)
         self.weight = weight
         self.cost_s: dict[int, float] = {}
+        self.overrun_quantile = overrun_quantile
+        self.overrun_memory_s = overrun_memory_s
+        self._overruns: deque[tuple[float, float]] = deque(maxlen=overrun_window)  # (at_s, ratio)
         self._lock = threading.Lock()
+
+    def observe_overrun(self, ratio: float, at_s: float) -> None:
+        """One chunk's (end - pick) / predicted cost, as of `at_s` (the chunk's end)."""
+        with self._lock:
+            self._overruns.append((at_s, ratio))
+
+    def overrun_factor(self, now_s: float) -> float:
+        """What a predicted cost is multiplied by before it is compared with an allowance."""
+        with self._lock:
+            while self._overruns and self._overruns[0][0] < now_s - self.overrun_memory_s:
+                self._overruns.popleft()
+            if not self._overruns:
+                return 1.0
+            ratios = np.fromiter((ratio for _at, ratio in self._overruns), float)
+        return max(1.0, float(np.quantile(ratios, self.overrun_quantile)))
 
     def update(self, batch: int, seconds: float) -> None:
         size = self._size_for(batch)
@@ -63,13 +91,14 @@ class CostModel:
         """Cost of a chunk of `batch` samples: that of the next measured size up (conservative)."""
         return self.cost_s.get(self._size_for(batch))
 
-    def largest_fitting(self, allowance_s: float, limit: int) -> int:
-        """The largest batch (<= limit) whose measured cost fits the allowance; 0 if none."""
+    def largest_fitting(self, allowance_s: float, limit: int, factor: float = 1.0) -> int:
+        """The largest batch (<= limit) whose measured cost, times `factor` (overrun_factor),
+        fits the allowance; 0 if none."""
         best = 0
         for size in self.batch_sizes:
             n = min(size, limit)
             cost = self.predict_s(n)
-            if cost is None or cost > allowance_s:
+            if cost is None or cost * factor > allowance_s:
                 break
             best = n
             if size >= limit:
@@ -174,15 +203,16 @@ class Scheduler:
             self.admit_arrivals(now_s)
             self.queue.drop_expired(now_s)
             max_batch = costs.batch_sizes[-1]
+            factor = costs.overrun_factor(now_s)
             if lane != "offline" and len(self.queue):
-                n = costs.largest_fitting(allowance_s, min(len(self.queue), max_batch))
+                n = costs.largest_fitting(allowance_s, min(len(self.queue), max_batch), factor)
                 if n == 0:
                     return None  # online first: on a shared lane offline does not jump a request
                 return Chunk("online", n, costs.predict_s(n), now_s,
                              arrivals_s=self.queue.take(n), lane=lane)
             if lane == "online":
                 return None
-            n = costs.largest_fitting(allowance_s, max_batch)
+            n = costs.largest_fitting(allowance_s, max_batch, factor)
             if n == 0:
                 return None
             start = self._offline_cursor
@@ -219,7 +249,10 @@ class Scheduler:
 
     def complete(self, chunk: Chunk, end_s: float, busy_s: float) -> None:
         with self._lock:
-            self.cost_model(chunk.lane).update(chunk.batch, busy_s)
+            costs = self.cost_model(chunk.lane)
+            if chunk.predicted_s > 0:
+                costs.observe_overrun((end_s - chunk.picked_s) / chunk.predicted_s, end_s)
+            costs.update(chunk.batch, busy_s)
             if chunk.kind == "online":
                 self.online_served += chunk.batch
                 self.latencies.extend((end_s, end_s - a, chunk.picked_s - a) for a in chunk.arrivals_s)

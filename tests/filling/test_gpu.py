@@ -116,11 +116,12 @@ def test_worker_takes_fill_fields_from_the_environment(monkeypatch):
 
 
 def test_targets_are_judged_with_their_direction():
-    from tasks.bench.gpu import judge, served_share
+    from tasks.bench.filling import judge
+    from tasks.bench.gpu import TARGETS, served_share
 
     checks = judge({"training_retained": 0.99, "fill_efficiency": 0.4, "online_p95_s": 0.05,
                     "spill_share_of_training_time": 0.03, "offline_share_of_solo": None,
-                    "online_served_share": 0.995})
+                    "online_served_share": 0.995}, TARGETS)
     assert [k for k, c in checks.items() if c["met"]] == ["training_retained", "online_p95_s",
                                                           "online_served_share"]
     assert checks["fill_efficiency"]["target"] == ">= 0.5"

@@ -13,7 +13,7 @@ from tasks.filling.baselines import OpenAdmission
 from tasks.filling.executor import CpuExecutor
 from tasks.filling.filler import Filler
 from tasks.filling.gate import RESERVE_SAVED_S, Gate
-from tasks.filling.guard import StepTimeGuard
+from tasks.filling.guard import StepTimeGuard, reaction_steps
 from tasks.filling.models import build_workload
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, CostModel, OnlineQueue, PoissonArrivals, Scheduler
@@ -463,14 +463,14 @@ def test_a_request_overtakes_a_running_offline_chunk_only_with_its_own_lane(poli
     finally:
         filler.close()
     log = list(filler.chunk_log)
-    online_start = next(start for _, start, _, kind, _ in log if kind == "online")
-    first_offline_end = min(end for _, _, end, kind, _ in log if kind == "offline")
+    online_start = next(c.start_s for c in log if c.kind == "online")
+    first_offline_end = min(c.end_s for c in log if c.kind == "offline")
     assert (online_start < first_offline_end) == (policy == "gated")
 
 
 # -- guard ---------------------------------------------------------------------------------------
 def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additively():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, window=1, decrease=0.5,
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, decrease=0.5,
                           increase=0.1, floor=0.1)
     for s in (0.10, 0.12, 0.11):
         guard.observe_compute_s(s)
@@ -492,7 +492,7 @@ def test_guard_learns_baseline_then_shrinks_multiplicatively_and_grows_additivel
 
 
 def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4)
     assert guard.calibrating
     for s in (1.0, 1.0):
         guard.observe_compute_s(s)
@@ -513,7 +513,7 @@ def test_guard_takes_a_fresh_baseline_periodically_and_shuts_the_gate_meanwhile(
 
 
 def test_guard_baseline_follows_clean_phases_and_judges_only_the_touched_ones():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4, window=1)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=2, rebaseline_every=4)
     for s in (1.0, 1.0):
         guard.observe_compute_s(s)
     for s in (2.0, 2.0, 2.0, 2.0, 2.0):  # the machine got slower; no chunk touched these phases
@@ -556,11 +556,35 @@ def test_filler_marks_a_compute_phase_clean_only_if_no_chunk_ran_in_it():
     assert seen == [True, False, False]
 
 
-def test_guard_judges_the_median_of_its_window():
-    guard = StepTimeGuard(tolerance=0.05, calibration_steps=1, window=3)
-    for s in (1.0, 1.0, 1.0, 5.0):  # one outlier among normal steps
+def test_guard_leaves_an_untouched_slow_phase_alone():
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=1)
+    for s in (1.0, 1.0, 1.0, 5.0):  # the machine's own hiccup: no chunk touched it
         guard.observe_compute_s(s)
-    assert guard.shrinks == 0
+    assert guard.shrinks == 0 and not any(step.stretched for step in guard.history)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stretched_step_among_untouched_ones_cuts_the_budget_at_once(seed):
+    """A synthetic trace: clean phases with noise, inference touching some phases without harm,
+    and now and then one touched phase stretched by half. Each stretched phase cuts the budget
+    before the next bubble (0 phases later), however few they are among the others, and the
+    budget then grows back step by step, not at once."""
+    rng = random.Random(seed)
+    guard = StepTimeGuard(tolerance=0.05, calibration_steps=3, rebaseline_every=30)
+    for _ in range(3):
+        guard.observe_compute_s(0.010)
+    stretched_at = set(rng.sample(range(10, 200), 6))
+    for i in range(200):
+        if i in stretched_at:
+            guard.observe_compute_s(0.015, clean=False)
+        else:
+            guard.observe_compute_s(0.010 * (1 + rng.uniform(-0.02, 0.02)), clean=rng.random() < 0.5)
+    assert reaction_steps(list(guard.history)) == [0] * 6
+    assert guard.shrinks == 6
+    after = [step.budget for step in guard.history][-200:]
+    cut = next(i for i, step in enumerate(list(guard.history)[-200:]) if step.shrunk)
+    assert after[cut] == pytest.approx(after[cut - 1] * 0.5)
+    assert after[cut + 1] - after[cut] == pytest.approx(0.1)  # recovers by 0.1 a phase
 
 
 # -- scheduler -----------------------------------------------------------------------------------
@@ -589,6 +613,39 @@ def test_cost_model_tracks_measurements_with_ewma():
     assert costs.predict_s(1) == pytest.approx(2.0)
 
 
+def test_a_chunk_fits_only_with_the_tail_of_its_measured_overruns():
+    """Chunks that mostly end on time but now and then take 1.6x their prediction: the fit uses
+    the high quantile of (end - pick) / predicted, not the mean, so a chunk whose predicted cost
+    fits the allowance but whose tail would overrun it is not issued; the tail ages out."""
+    costs = costs_linear()  # batch 8: 0.08 s
+    assert costs.overrun_factor(0.0) == 1.0
+    for i in range(40):
+        costs.observe_overrun(1.6 if i % 10 == 0 else 1.0, at_s=i * 0.1)
+    factor = costs.overrun_factor(4.0)
+    assert factor == pytest.approx(1.6)
+    assert costs.largest_fitting(0.09, 8) == 8
+    assert costs.largest_fitting(0.09, 8, factor) == 4  # 0.08 x 1.6 > 0.09; 0.04 x 1.6 fits
+    assert costs.overrun_factor(4.0 + costs.overrun_memory_s) == 1.0  # a load spike passes
+    fast = costs_linear()
+    fast.observe_overrun(0.7, at_s=0.0)  # ended early: never below the prediction itself
+    assert fast.overrun_factor(0.0) == 1.0
+
+
+def test_the_scheduler_learns_overruns_from_pick_to_end_and_the_gate_issues_nothing_that_would_overrun():
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    sched = Scheduler(OnlineQueue(4, 1.0), None, costs_linear(per_sample_s=0.005), dataset_size=100)
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0)
+    for _ in range(20):  # chunks started 50% late after their pick: the bubble's end is what counts
+        chunk = sched.pick(1.0, now_s=0.0, lane="offline")
+        sched.complete(chunk, end_s=1.5 * chunk.predicted_s, busy_s=chunk.predicted_s)
+    open_bubble(monitor, clock, 3)
+    clock.now += 0.05  # 0.05 s of the 0.1 s bubble left
+    chunk = gate.start("offline", lambda a: sched.pick(a, clock(), "offline"))
+    assert chunk.batch == 4 and 1.5 * chunk.predicted_s <= 0.05  # 8 (0.04 s) would end at 0.06 s
+
+
 def test_scheduler_serves_online_before_offline_and_records_latency():
     queue = OnlineQueue(capacity=10, slo_s=1.0)
     sched = Scheduler(queue, None, costs_linear(), dataset_size=100)
@@ -596,12 +653,12 @@ def test_scheduler_serves_online_before_offline_and_records_latency():
     queue.offer(0.1)
     chunk = sched.pick(1.0, now_s=0.2)
     assert chunk.kind == "online" and chunk.batch == 2 and chunk.arrivals_s == [0.0, 0.1]
-    sched.complete(chunk, end_s=0.3, busy_s=0.02)
-    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.3, 0.2])
+    sched.complete(chunk, end_s=0.22, busy_s=0.02)
+    assert [lat for _, lat, _ in sched.latencies] == pytest.approx([0.22, 0.12])
     assert [wait for _, _, wait in sched.latencies] == pytest.approx([0.2, 0.1])  # formed at 0.2
     chunk = sched.pick(0.05, now_s=0.4)
     assert chunk.kind == "offline" and chunk.batch == 4
-    sched.complete(chunk, end_s=0.5, busy_s=0.04)
+    sched.complete(chunk, end_s=0.44, busy_s=0.04)
     assert sched.offline_samples == 4 and sched.online_served == 2
 
 
