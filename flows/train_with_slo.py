@@ -277,6 +277,7 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
                                                 request.candidates.types).result()
                 clusters = profile_clusters(setup, profiling_run_id, measurements)
                 profile = fit_model(setup.profiling, measurements, clusters, run_dir)
+        profile.loss.require_reachable(request.slo.target_loss)
         session = TrainingSession(setup, profile, run_id, run_dir)
         with clock("plan"):
             chosen = plan(session)
@@ -289,8 +290,18 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
         with clock("train"):
             outcome = watch(session)
         return finish(session, outcome, clock)
+    except UserInputError as exc:
+        return refused(exc)
     finally:
         setup.provider.cleanup(run_id)
+
+
+def refused(exc: UserInputError) -> State:
+    """Bad input (an unreachable target, a run that cannot be resumed) ends the run Failed with
+    one clear line, in its log and as its message, where Prefect would log a traceback; the error
+    stays the result, so run_summary raises it (`spotfill run` exits 2 on it)."""
+    get_run_logger().error("%s", exc)
+    return Failed(message=str(exc), data=exc)
 
 
 def finish(session: TrainingSession, outcome: dict, clock: stages.StageClock) -> State:

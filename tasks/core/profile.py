@@ -42,10 +42,12 @@ class LossCurve(BaseModel):
     kappa: float | None = Field(default=None, ge=0.25, le=1.0)  # exponent of (R + gamma4) * n; null: 0.5
 
     def require_reachable(self, loss_target: float) -> None:
-        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md):
+        the message names the lowest target that can be planned (any above gamma5)."""
         if loss_target <= self.gamma5:
             raise UserInputError(
-                f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")
+                f"loss target {loss_target:g} is unreachable: the fitted loss curve never goes below gamma5 = "
+                f"{self.gamma5:.4g}; the lowest target that can be planned is just above {self.gamma5:.4g}")
 
 
 class Uncertainty(BaseModel):
