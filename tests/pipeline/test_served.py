@@ -326,3 +326,49 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
         wait_until(lambda: alive() == [], 120, "no instance of the run running")
     finally:
         stop(served)
+
+
+def test_a_scheduled_nightly_retrain_starts_and_ends_with_a_verdict(server_env, tmp_path):
+    """The shipped nightly-retrain deployment, served by flows.serve from a copy of prefect.yaml whose
+    only change is its schedule (on, every minute) and a quick request: the server's scheduler
+    creates a run and the runner starts it, with no one asking for it."""
+    import yaml
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    nightly = next(d for d in spec["deployments"] if d["name"] == "nightly-retrain")
+    runs_dir = tmp_path / "runs"
+    nightly |= {"entrypoint": str(REPO / nightly["entrypoint"]),
+                "schedules": [{"cron": "* * * * *", "timezone": "UTC", "active": True}]}
+    nightly["parameters"]["request"] |= {"profile": str(LOCAL_QUICK_PROFILE), "filling": {"enabled": False},
+                                         "artifacts_dir": str(runs_dir)}
+    definitions = tmp_path / "prefect.yaml"
+    definitions.write_text(yaml.safe_dump(spec | {"deployments": [nightly]}))
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve", str(definitions)], cwd=REPO,
+                              env=server_env | {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def scheduled_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"name": {"any_": ["nightly-retrain"]}}},
+                           timeout=10)
+            assert r.status_code == 200, r.text
+            return [f for f in r.json() if f["auto_scheduled"]]
+
+        def ended():
+            # a run due while the last one still runs is cancelled (the shipped CANCEL_NEW limit)
+            done = [f for f in scheduled_runs() if f["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED")]
+            return done[0] if done else None
+
+        run = wait_until(ended, 420, "a scheduled nightly-retrain run to end")
+        states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
+        # Scheduled by the server, Pending when the runner takes it (again as its engine starts), Running
+        path = [s["type"] for s in sorted(states, key=lambda s: s["timestamp"])]
+        path = [t for i, t in enumerate(path) if i == 0 or t != path[i - 1]]
+        assert path == ["SCHEDULED", "PENDING", "RUNNING", run["state"]["type"]], path
+        assert run["state"]["type"] in ("COMPLETED", "FAILED") and run["state"]["message"].startswith("SLO ")
+        assert {"spotfill", "nightly", "slo-met" if run["state"]["type"] == "COMPLETED" else "slo-missed"} <= set(run["tags"])
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
