@@ -11,7 +11,7 @@ triggers are read from it.
 - catalog-refresh: every 6 hours;
 - profile-workload: on demand;
 - replan-on-drift: run by an automation when a run whose drift_action is "automation"
-  reports drift (once per run per minute, one flow run at a time).
+  reports drift (once per run and plan, one flow run at a time).
 """
 from __future__ import annotations
 

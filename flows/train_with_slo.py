@@ -153,8 +153,11 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 return session.conclude(obs, action.reason)
             if action.kind == "announce-drift":
                 session.record_drift("announced", action.speed_ratio)
-                emit_event(event="spotfill.run.drift", resource=resource | {"spotfill.drift-action": "automation"},
-                           payload={"speed_ratio": action.speed_ratio, "plan": session.drift_hold.announce(),
+                plan = session.drift_hold.announce()
+                # the plan is a resource label too: the automation's trigger acts once per run and plan
+                emit_event(event="spotfill.run.drift",
+                           resource=resource | {"spotfill.drift-action": "automation", "spotfill.plan": str(plan)},
+                           payload={"speed_ratio": action.speed_ratio, "plan": plan,
                                     "artifacts_dir": session.request.artifacts_dir})
                 logger.warning("drift: progress at %.0f%% of the prediction; left to the automation (once for this plan)",
                                100 * action.speed_ratio)
