@@ -1,6 +1,8 @@
 """Deployments served against a real `prefect server` that this test starts: one triggered through
-the API, and the drift automation running the re-plan deployment when an event arrives."""
+the API, the drift automation running the re-plan deployment when an event arrives (also for a
+real run flooding with drift), runs whose flow process is killed, and a scheduled run."""
 import json
+import math
 import os
 import signal
 import socket
@@ -98,8 +100,8 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         # "automation" (never for an inline one), which asks a live run to re-plan and leaves a
         # finished one alone.
         def emit(run: str, action: str) -> None:
-            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", f"spotfill.run.{run}",
-                                "--resource", f"spotfill.drift-action={action}",
+            resource = {"prefect.resource.id": f"spotfill.run.{run}", "spotfill.drift-action": action, "spotfill.plan": "0"}
+            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource", json.dumps(resource),
                                 "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6, "plan": 0})],
                                cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stdout + r.stderr
@@ -368,6 +370,74 @@ def test_a_scheduled_nightly_retrain_starts_and_ends_with_a_verdict(server_env, 
         assert path == ["SCHEDULED", "PENDING", "RUNNING", run["state"]["type"]], path
         assert run["state"]["type"] in ("COMPLETED", "FAILED") and run["state"]["message"].startswith("SLO ")
         assert {"spotfill", "nightly", "slo-met" if run["state"]["type"] == "COMPLETED" else "slo-missed"} <= set(run["tags"])
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
+
+
+def test_a_run_flooding_with_drift_gets_one_replan_per_plan_from_the_automation(server_env, tmp_path):
+    """The flood case (drift_action automation, threshold 0.05, window 3 s) through flows.serve,
+    on a profile that predicts four times the speed the local provider gives (drift is certain):
+    one drift event per plan, one replan-on-drift run per event at most, none crashed, every
+    refit to a ratio in (0, 1], the run's predictions finite and its verdict its final state."""
+    fast = json.loads(LOCAL_QUICK_PROFILE.read_text())
+    for inst in fast["instances"]:
+        inst["compute_time_s"] /= 4
+    profile = tmp_path / "optimistic.json"
+    profile.write_text(json.dumps(fast))
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO,
+                              env=server_env | {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        runs_dir = tmp_path / "runs"
+        flow_run = create_flow_run(api, dep["id"], {"request": {
+            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+            "slo": {"target_loss": 1.6, "deadline_s": 120}, "profile": str(profile),
+            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+            "drift_action": "automation", "drift_threshold": 0.05, "drift_window_s": 3,
+            "artifacts_dir": str(runs_dir)}})
+        run_id = f"run-{flow_run['id'].replace('-', '')[:10]}"
+
+        def final():
+            f = httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()
+            return f if f["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        ended = wait_until(final, 600, "the run's verdict")
+        assert ended["state"]["type"] in ("COMPLETED", "FAILED") and ended["state"]["message"].startswith("SLO "), ended["state"]
+
+        def replan_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"name": {"any_": ["replan-on-drift"]}}},
+                           timeout=10)
+            assert r.status_code == 200, r.text
+            return [f for f in r.json() if f["parameters"]["resource_id"] == f"spotfill.run.{run_id}"]
+
+        # the automation answers the first announcement whatever happens after it
+        replans = wait_until(lambda: (found := replan_runs()) and all(f["state"]["type"] not in (
+            "SCHEDULED", "PENDING", "RUNNING") for f in found) and found, 240, "the automation's re-plan runs to end")
+        events = httpx.post(f"{api}/events/filter", timeout=10, json={
+            "filter": {"event": {"name": ["spotfill.run.drift"]}, "resource": {"id": [f"spotfill.run.{run_id}"]}},
+            "limit": 50}).json()
+        announced = [e["payload"]["plan"] for e in events["events"]]
+        assert announced and len(announced) == len(set(announced)) and events["total"] == len(announced), announced
+        assert [f["state"]["type"] for f in replans] == ["COMPLETED"] * len(replans)
+        assert len(replans) <= len(announced) and len({f["parameters"]["plan"] for f in replans}) == len(replans)
+
+        run_dir = runs_dir / run_id
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["verdict"] == ended["state"]["message"]
+        refits = [e["speed_ratio"] for e in summary["timeline"] if e["kind"] == "drift" and e["reason"] == "requested"]
+        assert all(0 < r <= 1 for r in refits) and len(refits) <= len(replans)
+        assert all(math.isfinite(p["predicted_time_s"]) for p in summary["plans"])
+        assert math.isfinite(summary["predicted_time_s"]) and math.isfinite(summary["predicted_cost_usd"])
         wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
     finally:
         stop(served)
