@@ -1,4 +1,6 @@
-"""Serve the pipeline's deployments from this process: `python -m flows.serve`.
+"""Serve the pipeline's deployments from this process: `python -m flows.serve [DEFINITIONS.yaml]`
+(prefect.yaml unless another file of the same form is named: a test serves a copy with its own
+schedule and parameters).
 
 The deployments are those of prefect.yaml (one definition, whether served from here or deployed
 to a work pool with `prefect deploy --all`): names, entrypoints, parameters, schedules and
@@ -9,10 +11,11 @@ triggers are read from it.
 - catalog-refresh: every 6 hours;
 - profile-workload: on demand;
 - replan-on-drift: run by an automation when a run whose drift_action is "automation"
-  reports drift (once per run per minute, one flow run at a time).
+  reports drift (once per run and plan, one flow run at a time).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -48,4 +51,8 @@ def deployments(path: Path = PREFECT_YAML) -> list:
 
 
 if __name__ == "__main__":
-    serve(*deployments())
+    definitions = Path(sys.argv[1]) if len(sys.argv) > 1 else PREFECT_YAML
+    if not definitions.is_file():
+        print(f"flows.serve: no deployment definitions at {definitions} (a prefect.yaml-like file)", file=sys.stderr)
+        sys.exit(2)
+    serve(*deployments(definitions))

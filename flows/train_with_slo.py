@@ -153,8 +153,11 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
                 return session.conclude(obs, action.reason)
             if action.kind == "announce-drift":
                 session.record_drift("announced", action.speed_ratio)
-                emit_event(event="spotfill.run.drift", resource=resource | {"spotfill.drift-action": "automation"},
-                           payload={"speed_ratio": action.speed_ratio, "plan": session.drift_hold.announce(),
+                plan = session.drift_hold.announce()
+                # the plan is a resource label too: the automation's trigger acts once per run and plan
+                emit_event(event="spotfill.run.drift",
+                           resource=resource | {"spotfill.drift-action": "automation", "spotfill.plan": str(plan)},
+                           payload={"speed_ratio": action.speed_ratio, "plan": plan,
                                     "artifacts_dir": session.request.artifacts_dir})
                 logger.warning("drift: progress at %.0f%% of the prediction; left to the automation (once for this plan)",
                                100 * action.speed_ratio)
@@ -277,6 +280,7 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
                                                 request.candidates.types).result()
                 clusters = profile_clusters(setup, profiling_run_id, measurements)
                 profile = fit_model(setup.profiling, measurements, clusters, run_dir)
+        profile.loss.require_reachable(request.slo.target_loss)
         session = TrainingSession(setup, profile, run_id, run_dir)
         with clock("plan"):
             chosen = plan(session)
@@ -289,8 +293,18 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
         with clock("train"):
             outcome = watch(session)
         return finish(session, outcome, clock)
+    except UserInputError as exc:
+        return refused(exc)
     finally:
         setup.provider.cleanup(run_id)
+
+
+def refused(exc: UserInputError) -> State:
+    """Bad input (an unreachable target, a run that cannot be resumed) ends the run Failed with
+    one clear line, in its log and as its message, where Prefect would log a traceback; the error
+    stays the result, so run_summary raises it (`spotfill run` exits 2 on it)."""
+    get_run_logger().error("%s", exc)
+    return Failed(message=str(exc), data=exc)
 
 
 def finish(session: TrainingSession, outcome: dict, clock: stages.StageClock) -> State:

@@ -56,10 +56,12 @@ class LossCurve(BaseModel):
     batch_n_exponent: float | None = Field(default=None, ge=BATCH_N_EXPONENT_BOUNDS[0], le=BATCH_N_EXPONENT_BOUNDS[1])
 
     def require_reachable(self, loss_target: float) -> None:
-        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md)."""
+        """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md):
+        the message names the lowest target that can be planned (any above gamma5)."""
         if loss_target <= self.gamma5:
             raise UserInputError(
-                f"loss target {loss_target} is unreachable: the fitted loss curve never goes below gamma5 = {self.gamma5}")
+                f"loss target {loss_target:g} is unreachable: the fitted loss curve never goes below gamma5 = "
+                f"{self.gamma5:.4g}; the lowest target that can be planned is just above {self.gamma5:.4g}")
 
 
 class Uncertainty(BaseModel):

@@ -1,6 +1,8 @@
 """Deployments served against a real `prefect server` that this test starts: one triggered through
-the API, and the drift automation running the re-plan deployment when an event arrives."""
+the API, the drift automation running the re-plan deployment when an event arrives (also for a
+real run flooding with drift), runs whose flow process is killed, and a scheduled run."""
 import json
+import math
 import os
 import signal
 import socket
@@ -98,8 +100,8 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         # "automation" (never for an inline one), which asks a live run to re-plan and leaves a
         # finished one alone.
         def emit(run: str, action: str) -> None:
-            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource-id", f"spotfill.run.{run}",
-                                "--resource", f"spotfill.drift-action={action}",
+            resource = {"prefect.resource.id": f"spotfill.run.{run}", "spotfill.drift-action": action, "spotfill.plan": "0"}
+            r = subprocess.run([PREFECT, "event", "emit", "spotfill.run.drift", "--resource", json.dumps(resource),
                                 "--payload", json.dumps({"artifacts_dir": str(tmp_path), "speed_ratio": 0.6, "plan": 0})],
                                cwd=REPO, env=server_env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stdout + r.stderr
@@ -326,3 +328,117 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
         wait_until(lambda: alive() == [], 120, "no instance of the run running")
     finally:
         stop(served)
+
+
+def test_a_scheduled_nightly_retrain_starts_and_ends_with_a_verdict(server_env, tmp_path):
+    """The shipped nightly-retrain deployment, served by flows.serve from a copy of prefect.yaml whose
+    only change is its schedule (on, every minute) and a quick request: the server's scheduler
+    creates a run and the runner starts it, with no one asking for it."""
+    import yaml
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    nightly = next(d for d in spec["deployments"] if d["name"] == "nightly-retrain")
+    runs_dir = tmp_path / "runs"
+    nightly |= {"entrypoint": str(REPO / nightly["entrypoint"]),
+                "schedules": [{"cron": "* * * * *", "timezone": "UTC", "active": True}]}
+    nightly["parameters"]["request"] |= {"profile": str(LOCAL_QUICK_PROFILE), "filling": {"enabled": False},
+                                         "artifacts_dir": str(runs_dir)}
+    definitions = tmp_path / "prefect.yaml"
+    definitions.write_text(yaml.safe_dump(spec | {"deployments": [nightly]}))
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve", str(definitions)], cwd=REPO,
+                              env=server_env | {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def scheduled_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"name": {"any_": ["nightly-retrain"]}}},
+                           timeout=10)
+            assert r.status_code == 200, r.text
+            return [f for f in r.json() if f["auto_scheduled"]]
+
+        def ended():
+            # a run due while the last one still runs is cancelled (the shipped CANCEL_NEW limit)
+            done = [f for f in scheduled_runs() if f["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED")]
+            return done[0] if done else None
+
+        run = wait_until(ended, 420, "a scheduled nightly-retrain run to end")
+        states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
+        # Scheduled by the server, Pending when the runner takes it (again as its engine starts), Running
+        path = [s["type"] for s in sorted(states, key=lambda s: s["timestamp"])]
+        path = [t for i, t in enumerate(path) if i == 0 or t != path[i - 1]]
+        assert path == ["SCHEDULED", "PENDING", "RUNNING", run["state"]["type"]], path
+        assert run["state"]["type"] in ("COMPLETED", "FAILED") and run["state"]["message"].startswith("SLO ")
+        assert {"spotfill", "nightly", "slo-met" if run["state"]["type"] == "COMPLETED" else "slo-missed"} <= set(run["tags"])
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()
+
+
+def test_a_run_flooding_with_drift_gets_one_replan_per_plan_from_the_automation(server_env, tmp_path):
+    """The flood case (drift_action automation, threshold 0.05, window 3 s) through flows.serve,
+    on a profile that predicts four times the speed the local provider gives (drift is certain):
+    one drift event per plan, one replan-on-drift run per event at most, none crashed, every
+    refit to a ratio in (0, 1], the run's predictions finite and its verdict its final state."""
+    fast = json.loads(LOCAL_QUICK_PROFILE.read_text())
+    for inst in fast["instances"]:
+        inst["compute_time_s"] /= 4
+    profile = tmp_path / "optimistic.json"
+    profile.write_text(json.dumps(fast))
+    api = server_env["PREFECT_API_URL"]
+    serve_log = open(tmp_path / "serve.log", "wb")
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO,
+                              env=server_env | {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}, stdout=serve_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={}, timeout=10)
+            found = [d for d in r.json() if d["name"] == "train-with-slo"] if r.status_code == 200 else []
+            return found[0] if found else None
+
+        dep = wait_until(deployment, 240, "the served train-with-slo deployment")
+        runs_dir = tmp_path / "runs"
+        flow_run = create_flow_run(api, dep["id"], {"request": {
+            "workload": "transformer-lm", "workload_options": {"seq_len": 16},
+            "slo": {"target_loss": 1.6, "deadline_s": 120}, "profile": str(profile),
+            "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]}, "filling": {"enabled": False},
+            "drift_action": "automation", "drift_threshold": 0.05, "drift_window_s": 3,
+            "artifacts_dir": str(runs_dir)}})
+        run_id = f"run-{flow_run['id'].replace('-', '')[:10]}"
+
+        def final():
+            f = httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()
+            return f if f["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        ended = wait_until(final, 600, "the run's verdict")
+        assert ended["state"]["type"] in ("COMPLETED", "FAILED") and ended["state"]["message"].startswith("SLO "), ended["state"]
+
+        def replan_runs():
+            r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"name": {"any_": ["replan-on-drift"]}}},
+                           timeout=10)
+            assert r.status_code == 200, r.text
+            return [f for f in r.json() if f["parameters"]["resource_id"] == f"spotfill.run.{run_id}"]
+
+        # the automation answers the first announcement whatever happens after it
+        replans = wait_until(lambda: (found := replan_runs()) and all(f["state"]["type"] not in (
+            "SCHEDULED", "PENDING", "RUNNING") for f in found) and found, 240, "the automation's re-plan runs to end")
+        events = httpx.post(f"{api}/events/filter", timeout=10, json={
+            "filter": {"event": {"name": ["spotfill.run.drift"]}, "resource": {"id": [f"spotfill.run.{run_id}"]}},
+            "limit": 50}).json()
+        announced = [e["payload"]["plan"] for e in events["events"]]
+        assert announced and len(announced) == len(set(announced)) and events["total"] == len(announced), announced
+        assert [f["state"]["type"] for f in replans] == ["COMPLETED"] * len(replans)
+        assert len(replans) <= len(announced) and len({f["parameters"]["plan"] for f in replans}) == len(replans)
+
+        run_dir = runs_dir / run_id
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["verdict"] == ended["state"]["message"]
+        refits = [e["speed_ratio"] for e in summary["timeline"] if e["kind"] == "drift" and e["reason"] == "requested"]
+        assert all(0 < r <= 1 for r in refits) and len(refits) <= len(replans)
+        assert all(math.isfinite(p["predicted_time_s"]) for p in summary["plans"])
+        assert math.isfinite(summary["predicted_time_s"]) and math.isfinite(summary["predicted_cost_usd"])
+        wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
+    finally:
+        stop(served)
+        serve_log.close()

@@ -277,8 +277,8 @@ def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     assert all(d.get("job_variables") for d in spec["deployments"])
     trigger = served["replan-on-drift"].triggers[0]
     assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
-    # de-duplicated per run, and one re-plan run at a time
-    assert trigger.for_each == {"prefect.resource.id"} and trigger.threshold == 1 and trigger.within.total_seconds() >= 30
+    # de-duplicated per run and plan, and one re-plan run at a time
+    assert trigger.for_each == {"prefect.resource.id", "spotfill.plan"} and trigger.threshold == 1 and trigger.within.total_seconds() >= 30
     assert served["replan-on-drift"].concurrency_limit == 1
 
 
