@@ -18,17 +18,26 @@ The sum is paced to the emulated PCIe link when `pcie_mbps` is given (the local 
 the type's PCIe bandwidth): it takes at least 2 g S / Bpcie, the model's term. Its time is the
 push trailer's `intra_sum_s` (telemetry). A replica that fails still joins the collectives with a
 flag, so replica 0 raises its error instead of waiting on a peer that is gone.
+
+Each replica has its own phase edges (inference filling fills every GPU's bubbles): `scope(rank)`
+is entered in replica `rank`'s thread for its whole life and yields its PhaseListener. A replica's
+compute phase is its step; its communication phase runs from the end of its step (the sum, replica
+0's push and pull) to the next hand-out.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch.distributed import HashStore, ProcessGroupGloo
+
+from tasks.core.phases import NoListener, PhaseListener
 
 GO, STOP = 1.0, 0.0
 
@@ -99,16 +108,19 @@ class Replicas:
 
     `build(rank)` returns (flat model, step) for replica `rank`: `step()` computes one padded
     forward/backward on the replica's own batch, leaves its push vector filled and returns the loss.
+    `scope(rank)` (default: no listener) wraps replica `rank`'s thread and yields its PhaseListener.
     """
 
     def __init__(self, gpus: int, devices: list[torch.device], numel: int, pcie_mbps: float | None,
-                 timeout_s: float, build: Callable[[int], tuple]):
+                 timeout_s: float, build: Callable[[int], tuple],
+                 scope: Callable[[int], AbstractContextManager[PhaseListener]] | None = None):
         store = HashStore()
         floor_s = pcie_floor_s(gpus, numel, pcie_mbps)
         self.gpus, self.numel, self.devices = gpus, numel, devices
         self.errors: dict[int, BaseException] = {}
         self._handed = False  # the replicas compute and will join a sum next
         self._closed = False
+        self._scope = scope or (lambda rank: contextlib.nullcontext(NoListener()))
         groups: dict[int, object] = {}
 
         def make_group(rank: int) -> None:
@@ -134,25 +146,37 @@ class Replicas:
 
     def _serve(self, rank: int, link: IntraLink, device: torch.device, build) -> None:
         """Replicas 1..g-1: wait for the state, compute, join the sum; until told to stop. A failure
-        (its own batch, its GPU) is kept for replica 0 to raise; this replica goes on joining the
-        collectives with a flag, so nobody waits for it."""
+        (its own batch, its GPU, its scope) is kept for replica 0 to raise; this replica goes on
+        joining the collectives with a flag, so nobody waits for it."""
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        try:
-            bound, step = build(rank)
-            state, push = bound.state, bound.push
-        except BaseException as err:  # no model: stand-ins of the right size keep the collectives going
-            self.errors[rank] = err
-            state, push = torch.zeros(self.numel, device=device), torch.zeros(self.numel, device=device)
-        while link.hand_out(state, go=True):
-            loss, failed = 0.0, rank in self.errors
-            if not failed:
-                try:
-                    loss = step()
-                except BaseException as err:
-                    self.errors[rank] = err
-                    failed = True
-            link.sum(push, loss, failed)
+        with contextlib.ExitStack() as stack:
+            listener: PhaseListener = NoListener()
+            try:
+                listener = stack.enter_context(self._scope(rank))
+                bound, step = build(rank)
+                state, push = bound.state, bound.push
+            except BaseException as err:  # no model: stand-ins of the right size keep the collectives going
+                self.errors[rank] = err
+                state, push = torch.zeros(self.numel, device=device), torch.zeros(self.numel, device=device)
+            iteration = 0
+            while link.hand_out(state, go=True):
+                if iteration:
+                    listener.comm_end(iteration - 1)
+                loss, failed = 0.0, rank in self.errors
+                if not failed:
+                    try:
+                        listener.compute_start(iteration)
+                        loss = step()
+                        listener.compute_end(iteration)
+                    except BaseException as err:
+                        self.errors[rank] = err
+                        failed = True
+                listener.comm_start(iteration)
+                link.sum(push, loss, failed)
+                iteration += 1
+            if iteration:
+                listener.comm_end(iteration - 1)
 
     def hand_out(self, state: torch.Tensor) -> None:
         """The pull, received once by replica 0, to every replica."""

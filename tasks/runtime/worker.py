@@ -43,7 +43,7 @@ from tasks.core import limits
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.core.phases import NoListener, PhaseListener
-from tasks.filling.attach import ReportingFiller, build_worker_filler
+from tasks.filling.attach import InstanceFiller, ReportingFiller, build_worker_filler, check_memory_fits, worker_fill_config
 from tasks.filling.executor import training_stream_scope
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
@@ -304,13 +304,15 @@ def replica_builder(config: WorkerConfig, devices: list[torch.device], batch_per
     return build
 
 
-def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
+def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None,
+               replica_listeners: list[PhaseListener] | None = None) -> WorkerResult:
     """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
     vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
     CUDA each crosses the bus once, through a pinned host copy. The push leaves in pieces during
     backward (push.py); the pull lands in pieces during forward (pull.py). With `gpus` > 1 this
     loop is replica 0 of the instance's replicas (replicas.py): the pull lands whole and is handed
-    to every replica, and the push leaves once their gradients are summed."""
+    to every replica, and the push leaves once their gradients are summed. `listener` hears
+    replica 0's phase edges, `replica_listeners[r - 1]` replica r's (each GPU's own filler)."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
@@ -342,10 +344,12 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
         ) from None
 
     replicas = None
+    listeners = replica_listeners or [None] * (config.gpus - 1)
     if config.gpus > 1:
         replicas = Replicas(config.gpus, devices, numel, config.pcie_mbps,
                             config.op_timeout_s + config.reconnect_timeout_s,
-                            replica_builder(config, devices, batch_per_gpu, seed))
+                            replica_builder(config, devices, batch_per_gpu, seed),
+                            scope=lambda rank: replica_scope(listeners[rank - 1], devices[rank]))
     pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.piece_mb), overlap=replicas is None)
     puller = Puller(flat_model, shards.ranges, host_state, piece_numel_for(config.piece_mb))
 
@@ -490,17 +494,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_filler(args: argparse.Namespace, device: str):
-    """The inference filler the worker's loop feeds its phase edges to, when --fill is given."""
+def build_filler(args: argparse.Namespace, device: str, gpus: int = 1) -> tuple[object | None, list]:
+    """With --fill: (the instance's filler, the replicas' own fillers). Each replica fills its own
+    GPU's bubbles with a filler on that GPU (on the CPU, g fillers share the host's memory, which
+    is checked for all of them first); the worker's loop feeds its edges to the instance's filler,
+    which drives replica 0's and sums every replica's harvest into the instance's metrics file."""
     if not args.fill:
-        return None
+        return None, []
 
-    filler = build_worker_filler({"device": torch.device(device).type,
-                                  "online_rate_per_s": args.fill_online_rate, "slo_s": args.fill_online_slo_s})
+    config = {"device": torch.device(device).type, "online_rate_per_s": args.fill_online_rate,
+              "slo_s": args.fill_online_slo_s}
+    devices = replica_devices(torch.device(device), gpus)
+    if devices[0].type == "cpu" and gpus > 1:
+        check_memory_fits(worker_fill_config(config), copies=gpus)
+    fillers = []
+    try:
+        for replica_device in devices:
+            with torch.cuda.device(replica_device) if replica_device.type == "cuda" else contextlib.nullcontext():
+                fillers.append(build_worker_filler(config))
+    except BaseException:
+        for filler in fillers:
+            filler.close()
+        raise
+    instance = InstanceFiller(fillers)
     metrics_dir = args.fill_metrics_dir or (args.notice_file.parent.parent / "filling" if args.notice_file else None)
     if metrics_dir is None:
-        return filler
-    return ReportingFiller(filler, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json")
+        return instance, fillers
+    return ReportingFiller(instance, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json"), fillers
 
 
 def fill_stream_scope(filler, device: str):
@@ -510,6 +530,13 @@ def fill_stream_scope(filler, device: str):
         return contextlib.nullcontext()
 
     return training_stream_scope(device)
+
+
+@contextlib.contextmanager
+def replica_scope(listener: PhaseListener | None, device: torch.device):
+    """A replica thread's scope (replicas.py): its own filler's stream scope, yielding its listener."""
+    with fill_stream_scope(listener, str(device)):
+        yield listener or NoListener()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -537,10 +564,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
-        filler = build_filler(args, device)
+        filler, replica_fillers = build_filler(args, device, gpus)
         try:
             with fill_stream_scope(filler, device):
-                result = run_worker(config, listener=filler, leave_flag=leave_flag)
+                result = run_worker(config, listener=filler, leave_flag=leave_flag, replica_listeners=replica_fillers[1:])
         finally:
             if filler is not None:
                 filler.close()

@@ -19,15 +19,15 @@ from tasks.runtime.workloads import build_workload
 SPEC, OPTIONS = "resnet20", {"width": 4}  # SGD: the update is linear in the gradient, so a sum is told from a mean
 
 
-def _train(tmp_path, gpus: int, batch: int, steps: int, **config) -> tuple[ParameterServer, torch.Tensor, object]:
-    """One worker of `gpus` replicas trains `steps` steps against an in-process PS; (PS, its start state, result)."""
+def _train(tmp_path, gpus: int, batch: int, steps: int, run=run_worker, **config) -> tuple[ParameterServer, torch.Tensor, object]:
+    """One worker of `gpus` replicas (`run(config)`) trains against an in-process PS; (PS, its start state, result)."""
     port = free_port()
     ps = ParameterServer(PsConfig(run_dir=tmp_path / "run", port=port, workload=SPEC, workload_options=OPTIONS))
     start_state = ps.state.clone()
     thread = threading.Thread(target=ps.serve, args=(wire.host_store(port, 30),))
     thread.start()
     try:
-        result = run_worker(WorkerConfig("127.0.0.1", port, SPEC, batch, OPTIONS, seed=5, gpus=gpus, **config))
+        result = run(WorkerConfig("127.0.0.1", port, SPEC, batch, OPTIONS, seed=5, gpus=gpus, **config))
     finally:
         ps.request_stop("test")
         thread.join(timeout=60)
@@ -141,3 +141,52 @@ def test_a_replica_that_fails_has_its_error_raised_by_replica_0_and_every_replic
     replicas.hand_out(torch.ones(numel))
     replicas.close()
     assert not any(t.name.startswith("replica-") for t in threading.enumerate())
+
+
+def test_every_replica_fills_its_own_bubbles_and_the_instance_metrics_sum_them(tmp_path, monkeypatch):
+    """g = 2 on CPU with --fill: each replica has its own filler, fed its own phase edges; the
+    instance's metrics file (what the report reads) is the sum of both replicas' harvest."""
+    import json
+
+    from tasks.filling.attach import CONFIG_ENV
+    from tasks.runtime.worker import _LeaveFlag, build_filler, build_parser
+
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"max_batch": 2, "dataset_size": 32, "calibration_steps": 3,
+                                               "online_priority": "normal"}))
+    args = build_parser().parse_args(["--ps", "127.0.0.1:1", "--workload", SPEC, "--batch-size", "4", "--gpus", "2",
+                                      "--fill", "--fill-online-rate", "0", "--fill-metrics-dir", str(tmp_path / "filling"),
+                                      "--instance-id", "i-2gpu"])
+    instance, fillers = build_filler(args, "cpu", 2)
+    assert len(fillers) == 2
+    leave_flag = _LeaveFlag()
+
+    class LeaveOnceBothFilled:
+        """Replica 0's edges to the instance's filler; asks the worker to leave once every
+        replica's filler has run inference (an event, not a step count)."""
+
+        def __getattr__(self, name):
+            return getattr(instance, name)
+
+        def comm_end(self, step: int) -> None:
+            instance.comm_end(step)
+            if all(f.metrics()["offline_samples"] > 0 for f in fillers):
+                leave_flag.set_terminated()
+
+    # the sum paced to ~0.1 s: a bubble far longer than one inference chunk, however loaded the machine
+    numel = sum(p.numel() for p in build_workload(SPEC, OPTIONS).model.parameters())
+    pcie_mbps = 2 * 2 * numel * 32 / 0.1 / 1e6
+    try:
+        _, _, result = _train(tmp_path, 2, 4, 0, max_steps=400, pcie_mbps=pcie_mbps,
+                              run=lambda config: run_worker(config, listener=LeaveOnceBothFilled(), leave_flag=leave_flag,
+                                                            replica_listeners=fillers[1:]))
+    finally:
+        instance.close()
+    assert result.reason == "terminated"
+    per_replica = [f.metrics() for f in fillers]
+    assert all(m["offline_samples"] > 0 and m["bubbles"] > 0 for m in per_replica)
+
+    written = json.loads((tmp_path / "filling" / "i-2gpu.json").read_text())
+    assert written["replicas"] == 2
+    for key in ("inference_samples", "offline_samples", "chunks", "bubbles"):
+        assert written[key] == sum(m[key] for m in written["per_replica"])
+    assert written["offline_samples"] >= sum(m["offline_samples"] for m in per_replica)
