@@ -62,6 +62,7 @@ class TelemetryWriter:
 class WorkerStats:
     instance_type: str = ""
     gpus: int = 1  # its replicas, one per GPU (replicas.py)
+    instance_id: str = ""  # the instance it runs on (its filling metrics file's name)
     updates: int = 0
     samples: int = 0
     last_step_s: float | None = None  # compute_s + comm_s of its latest reported iteration
@@ -134,7 +135,8 @@ class TelemetryReader:
             if r["comm_s"] is not None:
                 w.last_step_s = r["compute_s"] + r["comm_s"]
         elif kind == "join":
-            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"], gpus=r.get("gpus", 1)))
+            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"], gpus=r.get("gpus", 1),
+                                                          instance_id=r.get("instance_id") or ""))
         elif kind == "leave":
             p.workers.setdefault(r["worker"], WorkerStats()).left = r["reason"]
         elif kind == "resume":
