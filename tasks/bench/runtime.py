@@ -311,13 +311,14 @@ def emulated_type(gpus: int) -> InstanceType:
 
 
 def samples_per_s_of_one_worker(provider: LocalProvider, run_id: str, instance_type: str, batch: int,
-                                window_s: float) -> tuple[float, list[float]]:
-    """One worker of the type trains alone; its accepted samples/s over a window once warm, and
-    the intra-instance sums' seconds in that window."""
-    run = driver.start_run(provider, run_id, SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
+                                window_s: float, workload: str = SCALING_WORKLOAD, options: dict = SCALING_OPTIONS,
+                                worker_args: tuple[str, ...] = ()) -> tuple[float, list[float]]:
+    """One worker of the type (given `worker_args`) trains alone; its accepted samples/s over a
+    window once warm, and the intra-instance sums' seconds in that window."""
+    run = driver.start_run(provider, run_id, workload, workload_options=options,
                            ps_type=instance_type, checkpoint_every_s=3600.0)
     try:
-        driver.add_workers(run, instance_type, 1, batch)
+        driver.add_workers(run, instance_type, 1, batch, extra_args=worker_args)
         driver.wait_for(run, lambda p: sum(w.updates for w in p.workers.values()) >= 3, timeout_s=120)
         start_t = time.time()
         time.sleep(window_s)
@@ -327,7 +328,7 @@ def samples_per_s_of_one_worker(provider: LocalProvider, run_id: str, instance_t
         driver.stop_run(run)
     finally:
         provider.cleanup(run_id)
-    return sum(r["samples"] for r in window) / (end_t - start_t), [r["intra_sum_s"] for r in window if r["intra_sum_s"]]
+    return sum(r["samples"] for r in window) / (end_t - start_t), [r["intra_sum_s"] for r in window if r["intra_sum_s"] is not None]
 
 
 def scaling_inside_an_instance(artifacts: Path, window_s: float) -> dict:

@@ -79,6 +79,7 @@ class WorkerConfig:
     piece_mb: float = PIECE_MB  # the push and the pull move in pieces of this size, overlapping backward and forward
     gpus: int = 1  # replicas, one per GPU, splitting batch_size (replicas.py)
     pcie_mbps: float | None = None  # the emulated intra-instance link the replicas' sum is paced to
+    sum_in_instance: bool = False  # the replicas' path (hand-out, sum) even with one GPU: bench gpu on a one-GPU machine
 
 
 @dataclass
@@ -257,7 +258,9 @@ def replica_devices(device: torch.device, gpus: int) -> list[torch.device]:
         return [device] * gpus
     if gpus > torch.cuda.device_count():
         raise UserInputError(f"the instance has {gpus} GPUs but torch sees {torch.cuda.device_count()}")
-    return [torch.device("cuda", i) for i in range(gpus)] if gpus > 1 else [device]
+    if gpus == 1:  # with its index: a replica's thread sets its device (torch.cuda.set_device needs one)
+        return [device if device.index is not None else torch.device("cuda", torch.cuda.current_device())]
+    return [torch.device("cuda", i) for i in range(gpus)]
 
 
 def check_gpus(batch_size: int, gpus: int) -> int:
@@ -345,7 +348,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
 
     replicas = None
     listeners = replica_listeners or [None] * (config.gpus - 1)
-    if config.gpus > 1:
+    if config.gpus > 1 or config.sum_in_instance:
         replicas = Replicas(config.gpus, devices, numel, config.pcie_mbps,
                             config.op_timeout_s + config.reconnect_timeout_s,
                             replica_builder(config, devices, batch_per_gpu, seed),
@@ -475,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicas, one per GPU, splitting --batch-size (default: the GPUs torch sees, 1 on CPU)")
     p.add_argument("--pcie-mbps", type=arg_type(limits.mbps), default=os.environ.get("SPOTFILL_PCIE_MBPS") or None,
                    help="pace the replicas' gradient sum to this intra-instance link (megabits/s)")
+    p.add_argument("--sum-in-instance", action="store_true",
+                   help="hand out the pull and sum the push over the instance's replicas even with one GPU "
+                        "(the multi-GPU path; `spotfill bench gpu` runs it on a one-GPU machine)")
     p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
@@ -560,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
-            piece_mb=args.piece_mb, gpus=gpus, pcie_mbps=args.pcie_mbps,
+            piece_mb=args.piece_mb, gpus=gpus, pcie_mbps=args.pcie_mbps, sum_in_instance=args.sum_in_instance,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)

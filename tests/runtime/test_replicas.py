@@ -190,3 +190,11 @@ def test_every_replica_fills_its_own_bubbles_and_the_instance_metrics_sum_them(t
     for key in ("inference_samples", "offline_samples", "chunks", "bubbles"):
         assert written[key] == sum(m[key] for m in written["per_replica"])
     assert written["offline_samples"] >= sum(m["offline_samples"] for m in per_replica)
+
+
+def test_one_gpu_takes_the_replicas_path_when_asked_as_bench_gpu_does_on_a_one_gpu_machine(tmp_path):
+    _train(tmp_path, 1, 2, 2, max_steps=2, sum_in_instance=True)
+    updates = [r for r in read_records(tmp_path / "run") if r["kind"] == "update"]
+    assert len(updates) == 2 and all(u["intra_sum_s"] is not None and u["samples"] == 2 for u in updates)
+    _train(tmp_path / "plain", 1, 2, 2, max_steps=2)  # without it, the one-GPU path: no sum
+    assert [r["intra_sum_s"] for r in read_records(tmp_path / "plain" / "run") if r["kind"] == "update"] == [None, None]
