@@ -5,8 +5,9 @@ Every record has `t` (epoch seconds) and `kind`:
 - `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
   iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
   instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker;
-  null on its first), intra_sum_s (a multi-GPU worker's sum of its replicas' gradients this
-  iteration, inside comm_s; null for one GPU), base_version (the
+  null on its first), intra_sum_s (the part of a multi-GPU worker's sum of its replicas'
+  gradients this iteration left exposed after compute, inside comm_s; null for one GPU),
+  intra_sum_link_s (the seconds that sum held the instance's link, most of it during backward), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update), apply_ms and apply_ms_per_mb (the PS's optimizer step for it).

@@ -73,13 +73,18 @@ def test_an_instance_pushes_once_per_iteration_the_mean_of_its_replicas_gradient
         [r["loss"] for r in read_records(tmp_path / "ref") if r["kind"] == "update"], rel=1e-5)
 
 
-def test_the_sum_is_paced_to_the_emulated_pcie_link(tmp_path):
+@pytest.mark.parametrize("after_backward", [False, True])
+def test_the_sum_is_paced_to_the_emulated_pcie_link(tmp_path, after_backward):
+    """Its buckets hold the link for at least the PCIe term; started after backward, the iteration
+    waits for all of it (started during backward, for what is left: tests/runtime/test_buckets.py)."""
     pcie_mbps = 40.0  # megabits/s: a few tens of milliseconds for this model's vector
-    ps, _, _ = _train(tmp_path, 2, 4, 2, max_steps=2, pcie_mbps=pcie_mbps)
+    ps, _, _ = _train(tmp_path, 2, 4, 3, max_steps=3, pcie_mbps=pcie_mbps, sum_after_backward=after_backward)
     floor_s = pcie_floor_s(2, ps.flat_size, pcie_mbps)
     assert floor_s > 0.01
-    sums = [r["intra_sum_s"] for r in read_records(tmp_path / "run") if r["kind"] == "update"]
-    assert len(sums) == 2 and min(sums) >= floor_s
+    updates = [r for r in read_records(tmp_path / "run") if r["kind"] == "update"]
+    assert len(updates) == 3 and min(u["intra_sum_link_s"] for u in updates) >= floor_s
+    if after_backward:
+        assert min(u["intra_sum_s"] for u in updates) >= floor_s
 
 
 def test_a_notice_ends_every_replica_with_the_worker(tmp_path):
@@ -116,29 +121,28 @@ def test_a_launch_of_a_multi_gpu_type_on_one_named_gpu_is_refused_before_any_pro
 def test_a_replica_that_fails_has_its_error_raised_by_replica_0_and_every_replica_ends():
     from tasks.runtime.replicas import Replicas
 
-    numel = 8
-
-    class Bound:
-        def __init__(self):
-            self.state, self.push = torch.zeros(numel), torch.full((numel,), 3.0)
+    def step(push_complete):
+        push_complete()
+        return 1.0, None
 
     def build(rank: int):
         if rank == 2:
             raise RuntimeError("replica 2's GPU is gone")
-        return Bound(), lambda: 1.0
+        return flat.bind(torch.nn.Linear(2, 4)), step
 
     cpu = torch.device("cpu")
-    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, build)
-    push = torch.full((numel,), 3.0)
-    replicas.hand_out(torch.ones(numel))
+    bound = flat.bind(torch.nn.Linear(2, 4))
+    replicas = Replicas(3, [cpu] * 3, bound, None, 30.0, build)
+    replicas.hand_out(torch.ones(bound.layout.numel))
+    replicas.compute_done()
     with pytest.raises(RuntimeError, match="replica 2's GPU is gone"):
-        replicas.sum(push, 1.0)
+        replicas.sum(1.0)
     replicas.close()
     assert not any(t.name.startswith("replica-") for t in threading.enumerate())
 
     # replica 0 failing between the hand-out and the sum: close() joins the sum the others wait in
-    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, lambda rank: (Bound(), lambda: 1.0))
-    replicas.hand_out(torch.ones(numel))
+    replicas = Replicas(3, [cpu] * 3, bound, None, 30.0, lambda rank: (flat.bind(torch.nn.Linear(2, 4)), step))
+    replicas.hand_out(torch.ones(bound.layout.numel))
     replicas.close()
     assert not any(t.name.startswith("replica-") for t in threading.enumerate())
 
