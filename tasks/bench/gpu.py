@@ -184,7 +184,8 @@ def gpus_section(window_s: float = GPUS_WINDOW_S, workload: str = TRAIN_WORKLOAD
                  *, left_s: float = math.inf) -> dict:
     """One worker through the multi-GPU path on the machine's GPUs (`device` cpu: two replicas
     on the CPU, the emulated instance a CPU test drives through the same code): samples/s, and the
-    intra-instance sum's median seconds (with one GPU, a sum over one replica: the path's own cost)."""
+    intra-instance sum's median seconds, exposed after compute and on the link (with one GPU, a sum
+    over one replica: the path's own cost)."""
     if device == "cuda":
         gpus = _require_cuda().cuda.device_count()
     else:
@@ -194,12 +195,13 @@ def gpus_section(window_s: float = GPUS_WINDOW_S, workload: str = TRAIN_WORKLOAD
     provider = LocalProvider(artifacts_dir or REPO / "artifacts", types=[itype], relative_speed={itype.name: 1.0},
                              bandwidth_scale=None)
     window_s = max(1.0, min(window_s, left_s - 90.0))
-    rate, sums_s = samples_per_s_of_one_worker(
+    rate, sums_s, links_s = samples_per_s_of_one_worker(
         provider, time.strftime("gpu-check-gpus-%Y%m%dT%H%M%S"), itype.name, batch_per_gpu * gpus, window_s,
         workload=workload, options=options or {}, worker_args=("--device", device, "--sum-in-instance"))
     return {"workload": f"{workload} batch {batch_per_gpu} per GPU", "gpus": gpus, "device": device,
             "window_s": window_s, "samples_per_s": rate, "sums": len(sums_s),
-            "intra_sum_s": statistics.median(sums_s) if sums_s else None}
+            "intra_sum_s": statistics.median(sums_s) if sums_s else None,
+            "intra_sum_link_s": statistics.median(links_s) if links_s else None}
 
 
 def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLOAD,
