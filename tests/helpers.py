@@ -171,3 +171,20 @@ def sleeper_startup():
     from tasks.providers.base import Startup
 
     return Startup(("python", "-c", "import time; time.sleep(120)"))
+
+
+def validated_with_fake_runs(monkeypatch, profile, clusters: list[dict], observed_s: dict[str, float]):
+    """validate_profile on `clusters` with every run replaced by one that observes
+    `observed_s[cluster_label(cluster)]` seconds (predicted 10 s): a report without training."""
+    from tasks.profiling import validate
+    from tasks.profiling.measurements import cluster_label
+
+    def fake_run_once(provider, run_id, profile, workload, prediction, loss_target, **kwargs):
+        seconds = observed_s[cluster_label(prediction.cluster)]
+        return validate.RunObservation(
+            observed_time_s=seconds, observed_iterations=100, predicted_time_s=10.0, paper_time_s=10.0,
+            baseline_time_s=9.0, speed_time_s=10.0, baseline_speed_time_s=9.0, observed_iteration_time_s=0.1,
+            start_skew_s=0.5, wall_s=seconds, compute_stretch=1.0)
+
+    monkeypatch.setattr(validate, "run_once", fake_run_once)
+    return validate.validate_profile(None, profile, "transformer-lm", clusters, 1.9, run_id="v")

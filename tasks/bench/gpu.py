@@ -9,7 +9,11 @@ Aiming at CHECK_BUDGET_S (330 s) on one GPU, it runs in this order:
 3. profile: one workload's training step (CUDA events) and peak memory
    (torch.cuda.max_memory_allocated) at a few batch sizes, the memory fit (Eq. 10) and the
    largest batch the GPU holds;
-4. train: a short run of the runtime on the local provider (a PS and one worker on this GPU, links
+4. gpus: the multi-GPU worker (tasks/runtime/replicas.py) on every GPU the machine has: one worker
+   of an instance with that many GPUs trains alone, its replicas handed each pull and summing each
+   push over NCCL (with one GPU, the same path with one replica: `--sum-in-instance`); its
+   samples/s and the intra-instance sum's median seconds;
+5. train: a short run of the runtime on the local provider (a PS and one worker on this GPU, links
    shaped to a tenth of the type's NIC) whose worker fills its bubbles with ResNet-50 inference,
    with the harvest and the compute slowdown it reports.
 A failing section records its error (one line) and the others still run; each is told the time
@@ -30,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tasks.bench import filling as filling_bench
-from tasks.bench.runtime import run_runtime_bench
+from tasks.bench.runtime import emulated_type, run_runtime_bench, samples_per_s_of_one_worker
 from tasks.bench.trainloop import TrainingJob
 from tasks.core.errors import UserInputError, error_line
 from tasks.filling.attach import CONFIG_ENV, check_memory_fits, parse_fill_config, read_worker_metrics
@@ -55,7 +59,8 @@ TRAIN_WORKLOAD, TRAIN_BATCH, TRAIN_TYPE = "resnet110-cifar100", 128, "p3.2xlarge
 # One worker: on a cluster each worker has its GPU to itself. Two on one GPU would each count the
 # other's inference as its own slowdown (stream priorities order work within a process only).
 TRAIN_WORKERS = 1
-RUNTIME_LEAVES_S = 120.0  # what a runtime case may not start into: the profile and train sections' time
+RUNTIME_LEAVES_S = 150.0  # what a runtime case may not start into: the profile, gpus and train sections' time
+GPUS_WINDOW_S = 10.0  # the multi-GPU worker's measured window, once it has pushed three times
 TRAIN_WINDOW_S = 40.0  # training time after the first update
 TRAIN_FIRST_UPDATE_S = 90.0  # the worker starts, builds the model on the GPU and pushes once within this
 TRAIN_STOP_S = 20.0  # what the train section keeps of its time for stopping the run and reading the reports
@@ -164,6 +169,31 @@ def profile_section(workload: str = PROFILE_WORKLOAD, batches=PROFILE_BATCHES, s
             "max_batch_per_gpu": max_batch_per_gpu(fit.params["alpha2"], fit.params["beta2"], total_gb)}
 
 
+def gpus_section(window_s: float = GPUS_WINDOW_S, workload: str = TRAIN_WORKLOAD, options: dict | None = None,
+                 batch_per_gpu: int = TRAIN_BATCH, device: str = "cuda", artifacts_dir: Path | None = None,
+                 *, left_s: float = math.inf) -> dict:
+    """One worker through the multi-GPU path on the machine's GPUs (`device` cpu: two replicas
+    on the CPU, the emulated instance a CPU test drives through the same code): samples/s, and the
+    intra-instance sum's median seconds, exposed after compute and on the link (with one GPU, a sum
+    over one replica: the path's own cost)."""
+    if device == "cuda":
+        gpus = _require_cuda().cuda.device_count()
+    else:
+        gpus = 2
+    itype = emulated_type(gpus)
+    # real compute, links not shaped, the sum not paced: what this machine's GPUs and NCCL do
+    provider = LocalProvider(artifacts_dir or REPO / "artifacts", types=[itype], relative_speed={itype.name: 1.0},
+                             bandwidth_scale=None)
+    window_s = max(1.0, min(window_s, left_s - 90.0))
+    rate, sums_s, links_s = samples_per_s_of_one_worker(
+        provider, time.strftime("gpu-check-gpus-%Y%m%dT%H%M%S"), itype.name, batch_per_gpu * gpus, window_s,
+        workload=workload, options=options or {}, worker_args=("--device", device, "--sum-in-instance"))
+    return {"workload": f"{workload} batch {batch_per_gpu} per GPU", "gpus": gpus, "device": device,
+            "window_s": window_s, "samples_per_s": rate, "sums": len(sums_s),
+            "intra_sum_s": statistics.median(sums_s) if sums_s else None,
+            "intra_sum_link_s": statistics.median(links_s) if links_s else None}
+
+
 def train_section(window_s: float = TRAIN_WINDOW_S, workload: str = TRAIN_WORKLOAD,
                   options: dict | None = None, batch: int = TRAIN_BATCH, fill: dict = TRAIN_FILL,
                   device: str = "cuda", artifacts_dir: Path | None = None, *, left_s: float = math.inf) -> dict:
@@ -230,7 +260,7 @@ def _wait_while_workers_live(run, provider, workers, condition, timeout_s: float
 
 
 SECTIONS = {"filling": filling_section, "runtime": runtime_section, "profile": profile_section,
-            "train": train_section}
+            "gpus": gpus_section, "train": train_section}
 
 
 def run_bench(quick: bool = True) -> dict:
@@ -300,7 +330,7 @@ def format_table(result: dict) -> str:
         for key, c in f["checks"].items():
             lines.append(f"  target {key} {c['target']}: {_fmt(c['value'], '.4g')} "
                          f"{'met' if c['met'] else 'NOT met'}")
-    for name in ("runtime", "profile", "train"):
+    for name in [n for n in SECTIONS if n != "filling"]:
         section = result[name]
         shown = {k: v for k, v in section.items() if k not in ("section_s",)}
         lines.append(f"{name} ({section['section_s']:.0f} s): " + json.dumps(shown, default=str))

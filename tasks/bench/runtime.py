@@ -25,7 +25,10 @@
    provider's emulation of a multi-GPU instance), with each replica's compute padded to
    `reference_compute_s` (compute dominates, as on GPUs) and unpadded (the host's own compute: on a
    machine with fewer cores than replicas it cannot scale); and the gradient sum's time against the
-   PCIe bound 2 g S / Bpcie it is paced to.
+   PCIe bound 2 g S / Bpcie it is paced to: the link's busy time, and the part the iteration waits
+   for after compute (exposed). Then the overlap: padded, on a link slowed until the 2-GPU bound is
+   a third of the step, the sum started bucket by bucket during backward (the runtime's way) and
+   after backward (`--sum-after-backward`: before the overlap).
 
 `--part overhead|workers|gpus` runs one of the three.
 
@@ -78,6 +81,7 @@ CPU_CASES = (TINY, Case("resnet110, batch 16", "resnet110", {"width": 16}, 16), 
 GPU_CASES = (TINY, Case("resnet110, batch 128", "resnet110", {"width": 16}, 128), TRANSFORMER_GPU)
 SCALING_WORKLOAD, SCALING_OPTIONS, SCALING_BATCH = "resnet20", {"width": 8}, 8
 REFERENCE_COMPUTE_S = 0.6
+SLOW_PCIE_BOUND_S = 0.2  # the overlap's case: a 2-GPU sum that needs a third of the padded step on the link
 PS_BANDWIDTH_MBPS = 30.0
 WORKER_TYPE = "p3.2xlarge"  # relative speed 1.0 in the default catalog
 MAX_WORKERS = 8
@@ -311,13 +315,14 @@ def emulated_type(gpus: int) -> InstanceType:
 
 
 def samples_per_s_of_one_worker(provider: LocalProvider, run_id: str, instance_type: str, batch: int,
-                                window_s: float) -> tuple[float, list[float]]:
-    """One worker of the type trains alone; its accepted samples/s over a window once warm, and
-    the intra-instance sums' seconds in that window."""
-    run = driver.start_run(provider, run_id, SCALING_WORKLOAD, workload_options=SCALING_OPTIONS,
+                                window_s: float, workload: str = SCALING_WORKLOAD, options: dict = SCALING_OPTIONS,
+                                worker_args: tuple[str, ...] = ()) -> tuple[float, list[float], list[float]]:
+    """One worker of the type (given `worker_args`) trains alone; its accepted samples/s over a
+    window once warm, and the intra-instance sums' exposed seconds and link seconds in that window."""
+    run = driver.start_run(provider, run_id, workload, workload_options=options,
                            ps_type=instance_type, checkpoint_every_s=3600.0)
     try:
-        driver.add_workers(run, instance_type, 1, batch)
+        driver.add_workers(run, instance_type, 1, batch, extra_args=worker_args)
         driver.wait_for(run, lambda p: sum(w.updates for w in p.workers.values()) >= 3, timeout_s=120)
         start_t = time.time()
         time.sleep(window_s)
@@ -327,28 +332,44 @@ def samples_per_s_of_one_worker(provider: LocalProvider, run_id: str, instance_t
         driver.stop_run(run)
     finally:
         provider.cleanup(run_id)
-    return sum(r["samples"] for r in window) / (end_t - start_t), [r["intra_sum_s"] for r in window if r["intra_sum_s"]]
+    sums = [r for r in window if r["intra_sum_s"] is not None]
+    return (sum(r["samples"] for r in window) / (end_t - start_t), [r["intra_sum_s"] for r in sums],
+            [r["intra_sum_link_s"] for r in sums])
 
 
 def scaling_inside_an_instance(artifacts: Path, window_s: float) -> dict:
     """Samples/s of a g-GPU worker over a 1-GPU worker at batch SCALING_BATCH per GPU, padded and
-    unpadded; the sums' median seconds against the PCIe bound."""
+    unpadded, on the shipped profile's PCIe; the sums' median seconds (exposed after compute, and
+    on the link) against the PCIe bound. Then the overlap, padded: on a link slowed until the
+    2-GPU bound is SLOW_PCIE_BOUND_S, the sum started during backward (the runtime's way) and after
+    it (`--sum-after-backward`: before the overlap)."""
     types = [emulated_type(g) for g in INSTANCE_GPUS]
     pcie_mbytes_per_s = default_pcie_mbytes_per_s()
     numel = wire.flat_size(build_workload(SCALING_WORKLOAD, SCALING_OPTIONS).model)
+    slow_mbytes_per_s = 2 * 2 * numel * 4 / SLOW_PCIE_BOUND_S / 1e6
+    multi = [t for t in types if t.gpus > 1]
+    # (padded, PCIe MB/s, [(type, sum after backward)])
+    variants = [(True, pcie_mbytes_per_s, [(t, False) for t in types]),
+                (False, pcie_mbytes_per_s, [(t, False) for t in types]),
+                (True, slow_mbytes_per_s, [(t, after) for t in multi for after in (False, True)])]
     rows = []
-    for padded in (True, False):
+    for padded, pcie, cases in variants:
         provider = LocalProvider(artifacts, types=types, relative_speed={t.name: 1.0 for t in types},
                                  reference_compute_s=REFERENCE_COMPUTE_S if padded else None, bandwidth_scale=1.0,
-                                 pcie_mbytes_per_s=pcie_mbytes_per_s)
+                                 pcie_mbytes_per_s=pcie)
         one = None
-        for itype in types:
-            rate, sums_s = samples_per_s_of_one_worker(provider, f"gpus-{itype.gpus}-{'padded' if padded else 'host'}",
-                                                       itype.name, SCALING_BATCH * itype.gpus, window_s)
+        for itype, after_backward in cases:
+            rate, sums_s, links_s = samples_per_s_of_one_worker(
+                provider, f"gpus-{itype.gpus}-{'padded' if padded else 'host'}-{pcie:.0f}{'-after' if after_backward else ''}",
+                itype.name, SCALING_BATCH * itype.gpus, window_s,
+                worker_args=("--sum-after-backward",) if after_backward else ())
             one = one or rate
-            rows.append({"gpus": itype.gpus, "padded": padded, "samples_per_s": rate, "over_one_gpu": rate / one,
+            rows.append({"gpus": itype.gpus, "padded": padded, "pcie_mbytes_per_s": pcie,
+                         "sum_after_backward": after_backward, "samples_per_s": rate,
+                         "over_one_gpu": rate / one if pcie == pcie_mbytes_per_s else None,
                          "intra_sum_s": statistics.median(sums_s) if sums_s else None,
-                         "pcie_bound_s": pcie_floor_s(itype.gpus, numel, 8 * pcie_mbytes_per_s) if itype.gpus > 1 else None})
+                         "intra_sum_link_s": statistics.median(links_s) if links_s else None,
+                         "pcie_bound_s": pcie_floor_s(itype.gpus, numel, 8 * pcie) if itype.gpus > 1 else None})
     return {"rows": rows, "batch_per_gpu": SCALING_BATCH, "reference_compute_s": REFERENCE_COMPUTE_S,
             "pcie_mbytes_per_s": pcie_mbytes_per_s, "vector_mb": numel * 4 / 1e6,
             "workload": f"{SCALING_WORKLOAD} width {SCALING_OPTIONS['width']}"}
@@ -456,11 +477,14 @@ def format_table(result: dict) -> str:
         s = result["inside_an_instance"]
         lines.append(f"scaling inside an instance ({s['workload']}, {s['vector_mb']:.3f} MB, batch {s['batch_per_gpu']} "
                      f"per GPU, replicas on the CPU; PCIe {s['pcie_mbytes_per_s']:g} MB/s):")
-        lines.append("  compute | GPUs | samples/s | over 1 GPU | over g | sum s (median) | PCIe bound s")
+        lines.append("  compute | PCIe MB/s | sum | GPUs | samples/s | over 1 GPU | over g | sum exposed s | "
+                     "sum on the link s (medians) | PCIe bound s")
         for r in s["rows"]:
             compute = f"padded to {s['reference_compute_s']:g} s" if r["padded"] else "host, unpadded"
-            sum_s = "-" if r["intra_sum_s"] is None else f"{r['intra_sum_s']:.5f}"
-            bound_s = "-" if r["pcie_bound_s"] is None else f"{r['pcie_bound_s']:.6f}"
-            lines.append(f"  {compute} | {r['gpus']} | {r['samples_per_s']:.1f} | {r['over_one_gpu']:.2f} | "
-                         f"{r['over_one_gpu'] / r['gpus']:.2f} | {sum_s} | {bound_s}")
+            when = "-" if r["gpus"] == 1 else "after backward" if r["sum_after_backward"] else "during backward"
+            over = "- | -" if r["over_one_gpu"] is None else f"{r['over_one_gpu']:.2f} | {r['over_one_gpu'] / r['gpus']:.2f}"
+            exposed_s, link_s, bound_s = ("-" if r[k] is None else f"{r[k]:.5f}"
+                                          for k in ("intra_sum_s", "intra_sum_link_s", "pcie_bound_s"))
+            lines.append(f"  {compute} | {r['pcie_mbytes_per_s']:g} | {when} | {r['gpus']} | {r['samples_per_s']:.1f} | "
+                         f"{over} | {exposed_s} | {link_s} | {bound_s}")
     return "\n".join(lines)

@@ -116,24 +116,37 @@ def _validate(args) -> int:
         print_json(result)
         return 0
     print(f"profile {path}, loss target {loss:g}")
-    print(f"{'cluster':<34} {'pred s':>8} {'obs s':>8} {'err':>6} {'pred it':>8} {'obs it':>7} {'err':>6} {'blind s':>8} {'err':>6}")
+    print("\n".join(validation_lines(report)))
+    return 0
+
+
+def validation_lines(report) -> list[str]:
+    """The validation report as a table (each cluster with its workers' GPUs) and its summary."""
+    from tasks.profiling.measurements import cluster_label
+
+    lines = [f"{'cluster':<34} {'GPUs/worker':>11} {'pred s':>8} {'obs s':>8} {'err':>6} {'pred it':>8} {'obs it':>7} "
+             f"{'err':>6} {'blind s':>8} {'err':>6}"]
     for r in report.configs:
-        print(f"{cluster_label(r.cluster):<34} {r.predicted_time_s:8.1f} {r.observed_time_s:8.1f} {r.time_error:6.1%} "
-              f"{r.predicted_iterations:8.0f} {r.observed_iterations:7.1f} {r.iterations_error:6.1%} "
-              f"{r.baseline_time_s:8.1f} {r.baseline_time_error:6.1%}")
-    print(f"median time error {report.median_time_error:.1%} (max {report.max_time_error:.1%}); "
-          f"median iterations error {report.median_iterations_error:.1%}; contention-blind median "
-          f"{report.baseline_median_time_error:.1%} (max {report.baseline_max_time_error:.1%})")
-    print(f"speed model alone (observed iterations): median time error {report.median_speed_time_error:.1%}, "
-          f"contention-blind {report.baseline_median_speed_time_error:.1%}")
+        gpus = ",".join(str(r.gpus_per_worker[t]) for t in r.cluster)
+        lines.append(f"{cluster_label(r.cluster):<34} {gpus:>11} {r.predicted_time_s:8.1f} {r.observed_time_s:8.1f} "
+                     f"{r.time_error:6.1%} {r.predicted_iterations:8.0f} {r.observed_iterations:7.1f} "
+                     f"{r.iterations_error:6.1%} {r.baseline_time_s:8.1f} {r.baseline_time_error:6.1%}")
+    lines.append(f"median time error {report.median_time_error:.1%} (max {report.max_time_error:.1%}); "
+                 f"median iterations error {report.median_iterations_error:.1%}; contention-blind median "
+                 f"{report.baseline_median_time_error:.1%} (max {report.baseline_max_time_error:.1%})")
+    one, multi = (("-" if e is None else f"{e:.1%}") for e in (report.one_gpu_median_time_error,
+                                                               report.multi_gpu_median_time_error))
+    lines.append(f"median time error by GPUs per worker: one-GPU clusters {one}, clusters with multi-GPU workers {multi}")
+    lines.append(f"speed model alone (observed iterations): median time error {report.median_speed_time_error:.1%}, "
+                 f"contention-blind {report.baseline_median_speed_time_error:.1%}")
     if report.form is not None:
         cv = ", ".join(f"{name} {err:.1%}" if err is not None else f"{name} -" for name, err in report.form["cv_time_log_rms"].items())
-        print(f"model form {report.form['chosen']} (cross-validation log-time RMS: {cv}); paper's form: median time "
-              f"error {report.paper_median_time_error:.1%} (max {report.paper_max_time_error:.1%})")
+        lines.append(f"model form {report.form['chosen']} (cross-validation log-time RMS: {cv}); paper's form: median time "
+                     f"error {report.paper_median_time_error:.1%} (max {report.paper_max_time_error:.1%})")
     if report.coverage is not None:
-        print(f"{report.interval_level:.0%} intervals: {report.coverage:.0%} of runs inside")
-    print(f"plot: {report.plot}")
-    return 0
+        lines.append(f"{report.interval_level:.0%} intervals: {report.coverage:.0%} of runs inside")
+    lines.append(f"plot: {report.plot}")
+    return lines
 
 
 def _profile_with_progress(provider, emulation, preset, directory, force=False):

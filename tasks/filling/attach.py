@@ -194,6 +194,63 @@ def build_worker_filler(config: FillConfig | dict):
     return filler
 
 
+# how the replicas' metrics of one instance combine: counters add up, the rest is the worst replica's
+SUMMED = ("inference_samples", "offline_samples", "online_offered", "online_served", "online_shed_overflow",
+          "online_shed_expired", "online_shed_paused", "chunks", "busy_s", "busy_in_bubble_s", "spill_s",
+          "bubble_s", "bubbles", "guard_shrinks")
+WORST_HIGH = ("online_p50_s", "online_p95_s", "online_p99_s", "compute_slowdown", "elapsed_s")
+
+
+def instance_metrics(replicas: list[dict]) -> dict:
+    """One instance's filling metrics from its replicas' (one filler per GPU): the harvest summed,
+    the fill efficiency over the summed bubbles, latencies and the compute slowdown the worst
+    replica's (percentiles of separate streams do not add up), the smallest guard budget; the
+    replicas' own metrics under `per_replica`. {} when filling is off."""
+    replicas = [m for m in replicas if m]
+    if not replicas:
+        return {}
+    out = dict(replicas[0])
+    for key in SUMMED:
+        out[key] = sum(m[key] for m in replicas)
+    for key in WORST_HIGH:
+        values = [m[key] for m in replicas if m[key] is not None]
+        out[key] = max(values) if values else None
+    out["guard_budget"] = min(m["guard_budget"] for m in replicas)
+    out["fill_efficiency"] = out["busy_in_bubble_s"] / out["bubble_s"] if out["bubble_s"] else 0.0
+    out["error"] = next((m["error"] for m in replicas if m["error"]), None)
+    out["replicas"] = len(replicas)
+    out["per_replica"] = replicas
+    return out
+
+
+class InstanceFiller:
+    """The fillers of one instance, one per replica on its own GPU: the worker's loop (replica 0)
+    drives the first one's phase edges, replica r drives `fillers[r]`'s; `metrics()` is the
+    instance's harvest (instance_metrics)."""
+
+    def __init__(self, fillers: list):
+        self.fillers = fillers
+
+    def compute_start(self, step: int) -> None:
+        self.fillers[0].compute_start(step)
+
+    def compute_end(self, step: int, compute_s: float | None = None) -> None:
+        self.fillers[0].compute_end(step, compute_s)
+
+    def comm_start(self, step: int) -> None:
+        self.fillers[0].comm_start(step)
+
+    def comm_end(self, step: int) -> None:
+        self.fillers[0].comm_end(step)
+
+    def metrics(self) -> dict:
+        return instance_metrics([f.metrics() for f in self.fillers])
+
+    def close(self) -> None:
+        for filler in self.fillers:
+            filler.close()
+
+
 def read_worker_metrics(metrics_dir: Path) -> list[dict]:
     """The metrics each worker's ReportingFiller left in `metrics_dir` (unreadable files skipped:
     a worker may be writing its first one)."""

@@ -211,13 +211,27 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
     return summary
 
 
+def instance_inference(run_dir: Path, instance_id: str) -> int | None:
+    """The inference samples an instance's fillers served, every replica's summed (the worker's
+    metrics file, <run>/filling/<instance id>.json); None when it filled nothing or left no file."""
+    if not instance_id:
+        return None
+    try:
+        m = json.loads((run_dir / "filling" / f"{instance_id}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return int(m["inference_samples"]) if m.get("inference_samples") is not None else None
+
+
 def trained_workers(session: TrainingSession) -> list[dict]:
     """Each worker as the PS saw it (one per instance) with its GPUs: a multi-GPU instance trains
-    one replica per GPU (docs/runtime.md)."""
+    one replica per GPU and fills each GPU's bubbles (docs/runtime.md); `inference_samples` is the
+    instance's, summed over its replicas."""
     if session.run is None:
         return []
     return [{"worker": w, "instance_type": s.instance_type, "gpus": s.gpus, "updates": s.updates,
-             "samples": s.samples, "left": s.left} for w, s in sorted(session.run.progress().workers.items())]
+             "samples": s.samples, "inference_samples": instance_inference(session.run_dir, s.instance_id),
+             "left": s.left} for w, s in sorted(session.run.progress().workers.items())]
 
 
 def workers_markdown(summary: dict) -> list[str]:
@@ -225,9 +239,11 @@ def workers_markdown(summary: dict) -> list[str]:
     if not workers:
         return []
     lines = ["", "## Workers (one per instance; a replica per GPU)", "",
-             "| worker | type | GPUs (replicas) | updates | samples | left |", "|---|---|---|---|---|---|"]
+             "| worker | type | GPUs (replicas) | updates | samples | inference samples (all GPUs) | left |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {w['worker']} | {w['instance_type']} | {w['gpus']} | {w['updates']} | {w['samples']} | "
-              f"{w['left'] or '-'} |" for w in workers]
+              f"{'-' if w.get('inference_samples') is None else w['inference_samples']} | {w['left'] or '-'} |"
+              for w in workers]
     return lines
 
 

@@ -69,6 +69,7 @@ class RunObservation(BaseModel):
 
 class ConfigResult(BaseModel):
     cluster: dict[str, int]
+    gpus_per_worker: dict[str, int]  # each type's GPUs: a worker of a multi-GPU type trains a replica per GPU
     predicted_time_s: float
     observed_time_s: float
     time_error: float
@@ -105,6 +106,10 @@ class ValidationReport(BaseModel):
     median_speed_time_error: float
     baseline_median_speed_time_error: float
     median_compute_stretch: float
+    # the median time error of the clusters whose workers have one GPU each, and of those with a
+    # multi-GPU worker (None: no such cluster)
+    one_gpu_median_time_error: float | None
+    multi_gpu_median_time_error: float | None
     form: dict | None  # the profile's model form and every candidate's cross-validation error
     interval_level: float
     coverage: float | None  # share of runs inside their interval (None: the profile has no spread)
@@ -245,6 +250,7 @@ class ConfigPrediction:
     """What the model and the contention-blind baseline say of one configuration, before it runs."""
 
     cluster: dict[str, int]
+    gpus_per_worker: dict[str, int]  # each type's GPUs (the profile's)
     models: dict[str, Model]  # "model" (the profile's), "paper" (the paper's form), "blind" (contention-blind)
     iterations: dict[str, float]  # predicted updates to the target, by each
     iteration_time_s: float  # Texp of the model
@@ -263,7 +269,7 @@ def predict_config(profile: Profile, cluster: dict[str, int], loss_target: float
         if not np.isfinite(results[name]["iterations"][0]):
             raise ProfilingError(f"cluster {cluster}: the fitted loss curve never reaches {loss_target} "
                                  f"(gamma5 = {p.loss.gamma5:.4g})")
-    return ConfigPrediction(cluster=cluster, models=models,
+    return ConfigPrediction(cluster=cluster, gpus_per_worker={t: profile.instance(t).gpus for t in cluster}, models=models,
                             iterations={name: float(r["iterations"][0]) for name, r in results.items()},
                             iteration_time_s=float(results["model"]["iteration_time_s"][0]),
                             steady_time_s=float(results["model"]["time_s"][0]), level=level)
@@ -276,7 +282,8 @@ def score_config(prediction: ConfigPrediction, runs: list[RunObservation]) -> Co
 
     observed_time_s = mean("observed_time_s")
     return ConfigResult(
-        cluster=prediction.cluster, predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
+        cluster=prediction.cluster, gpus_per_worker=prediction.gpus_per_worker,
+        predicted_time_s=mean("predicted_time_s"), observed_time_s=observed_time_s,
         time_error=_relative(mean("predicted_time_s"), observed_time_s),
         predicted_iterations=prediction.iterations["model"], observed_iterations=mean("observed_iterations"),
         iterations_error=_relative(prediction.iterations["model"], mean("observed_iterations")),
@@ -338,12 +345,23 @@ def validate_profile(provider: Provider, profile: Profile, workload: str, config
         median_speed_time_error=statistics.median(r.speed_time_error for r in results),
         baseline_median_speed_time_error=statistics.median(r.baseline_speed_time_error for r in results),
         median_compute_stretch=statistics.median(r.compute_stretch for r in results),
+        one_gpu_median_time_error=_median_or_none([r.time_error for r in results if not multi_gpu(r)]),
+        multi_gpu_median_time_error=_median_or_none([r.time_error for r in results if multi_gpu(r)]),
         form=_recorded_form(profile), interval_level=level,
         coverage=coverage(results), wall_s=time.monotonic() - started_s,
     )
     if plot_path is not None:
         report.plot = str(plot_validation(report, plot_path))
     return report
+
+
+def multi_gpu(result: ConfigResult) -> bool:
+    """Whether a worker of the cluster has several GPUs (its replicas sum over the instance's PCIe)."""
+    return any(result.gpus_per_worker[t] > 1 for t, n in result.cluster.items() if n)
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def coverage(results: list[ConfigResult]) -> float | None:

@@ -255,7 +255,8 @@ class ParameterServer:
         """Apply one pushed gradient; False (not applied, not counted) once the PS is stopping."""
         values = header.tolist()
         _, step, samples, loss, base_version, compute_s, comm_s, dropped, epoch, stop_epoch = values[:wire.INTRA_SUM_S]
-        intra_sum_s = values[wire.INTRA_SUM_S] if len(values) > wire.INTRA_SUM_S else -1.0  # a one-GPU header of old
+        intra_sum_s, intra_sum_link_s = (values[slot] if len(values) > slot else -1.0  # a one-GPU header of old
+                                         for slot in (wire.INTRA_SUM_S, wire.INTRA_SUM_LINK_S))
         with self.lock:
             if self.sharded and not self.epochs.admit(worker_id, int(epoch), int(stop_epoch)):
                 return False
@@ -284,6 +285,7 @@ class ParameterServer:
                 "update", worker=worker_id, instance_type=instance_type, step=int(step), samples=int(samples),
                 loss=loss, compute_s=compute_s, comm_s=comm_s if comm_s >= 0 else None,
                 intra_sum_s=intra_sum_s if intra_sum_s >= 0 else None,
+                intra_sum_link_s=intra_sum_link_s if intra_sum_link_s >= 0 else None,
                 base_version=int(base_version), version=self.version, staleness=staleness, lr=lr,
                 samples_total=self.samples_total, updates_total=self.updates_total,
                 apply_ms=1e3 * apply_s, apply_ms_per_mb=1e3 * apply_s / (self.flat_size * 4 / 1e6),

@@ -12,23 +12,39 @@ per replica on an in-process store):
 - hand-out: replica 0 receives the pull once, then broadcasts a go signal and the state vector;
 - every replica computes forward and backward on its own batch (padded to the type's speed);
 - the sum: the flat push vectors (gradients + BatchNorm buffers) are summed and divided by g (the
-  mean over the instance's g x batch_per_gpu samples, as one batch of that size), with the
-  losses; replica 0 then pushes the result once to every PS shard.
+  mean over the instance's g x batch_per_gpu samples, as one batch of that size) bucket by bucket
+  while backward runs (buckets.py), then the losses; replica 0 then pushes the result once to
+  every PS shard.
 The sum is paced to the emulated PCIe link when `pcie_mbps` is given (the local provider passes
-the type's PCIe bandwidth): it takes at least 2 g S / Bpcie, the model's term. Its time is the
-push trailer's `intra_sum_s` (telemetry). A replica that fails still joins the collectives with a
-flag, so replica 0 raises its error instead of waiting on a peer that is gone.
+the type's PCIe bandwidth): its buckets hold the link for at least 2 g S / Bpcie in all, the
+model's term. The push trailer carries the part of it left exposed after compute (`intra_sum_s`,
+what the iteration waits for: the model's PCIe term as measured) and the link's busy time
+(`intra_sum_link_s`) (telemetry). `early=False` starts every bucket after backward (the
+benchmark's "before"). A replica that fails still joins the collectives with a flag, so replica 0
+raises its error instead of waiting on a peer that is gone.
+
+Each replica has its own phase edges (inference filling fills every GPU's bubbles): `scope(rank)`
+is entered in replica `rank`'s thread for its whole life and yields its PhaseListener. A replica's
+compute phase is its step; its communication phase runs from the end of its step (the sum, replica
+0's push and pull) to the next hand-out.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 import torch
 from torch.distributed import HashStore, ProcessGroupGloo
+
+from tasks.core.phases import NoListener, PhaseListener
+from tasks.runtime.buckets import BucketSum
+from tasks.runtime.flat import FlatModel
 
 GO, STOP = 1.0, 0.0
 
@@ -53,62 +69,78 @@ def pcie_floor_s(gpus: int, numel: int, pcie_mbps: float | None) -> float:
     return 2.0 * gpus * numel * 4 * 8 / (pcie_mbps * 1e6)
 
 
-class IntraLink:
-    """Replica `rank`'s end of the instance's local group: hand-out of the state, sum of the push."""
+class InstanceSum(NamedTuple):
+    """One iteration's sum, as replica 0 sees it."""
 
-    def __init__(self, group, rank: int, gpus: int, device: torch.device, floor_s: float):
-        self.group, self.rank, self.gpus, self.floor_s = group, rank, gpus, floor_s
+    loss: float  # the replicas' mean loss
+    exposed_s: float  # what replica 0 waited for after its compute (intra_sum_s)
+    link_s: float  # the seconds the link was busy with the buckets (intra_sum_link_s)
+    dropped: bool  # a replica started a bucket before a gradient in it was final (buckets.py)
+
+
+class IntraLink:
+    """Replica `rank`'s end of the instance's local group: hand-out of the state, the bucketed
+    sum of the push (`buckets`, armed at each hand-out), the sum of the losses."""
+
+    def __init__(self, group, rank: int, gpus: int, device: torch.device, buckets: BucketSum):
+        self.group, self.rank, self.gpus, self.buckets = group, rank, gpus, buckets
         self._control = torch.zeros(1, device=device)
-        self._totals = torch.zeros(2, device=device)  # [loss, replicas that failed]
+        self._totals = torch.zeros(3, device=device)  # [loss, replicas that failed, replicas that dropped]
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast(tensor, 0).wait()
 
-    def hand_out(self, state: torch.Tensor, go: bool) -> bool:
+    def hand_out(self, state: torch.Tensor, go: bool, step_s: float | None = None) -> bool:
         """Replica 0: send the go (or stop) signal and, on go, the state; the others receive them.
-        Returns whether to compute this iteration."""
+        Returns whether to compute this iteration (the buckets then armed: `step_s`, buckets.py)."""
         if self.rank == 0:
             self._control.fill_(GO if go else STOP)
         self._broadcast(self._control)
         if self._control.item() != GO:
             return False
         self._broadcast(state)
+        self.buckets.arm(step_s)
         return True
 
-    def sum(self, push: torch.Tensor, loss: float, failed: bool) -> tuple[float, int, float]:
-        """Sum the replicas' push vectors into each one's and divide by g (the instance's mean
-        gradient), paced to the emulated PCIe link: (mean loss, replicas that failed, seconds)."""
+    def sum(self, loss: float, failed: bool) -> tuple[InstanceSum, int]:
+        """Every bucket of the push summed (those not started yet start now: a failed replica's
+        zeros or stand-ins; the result is not used then), then the losses: (the sum, replicas
+        that failed)."""
         t0 = time.monotonic()
-        if failed:
-            push.zero_()
+        self.buckets.compute_done()
+        link_s = self.buckets.wait()
         self._totals[0], self._totals[1] = 0.0 if failed else loss, 1.0 if failed else 0.0
-        self.group.allreduce([push]).wait()
+        self._totals[2] = 1.0 if self.buckets.dropped else 0.0
         self.group.allreduce([self._totals]).wait()
-        push.div_(self.gpus)
-        elapsed_s = time.monotonic() - t0
-        if self.floor_s > elapsed_s:
-            time.sleep(self.floor_s - elapsed_s)
         failures = int(round(self._totals[1].item()))
         ok = self.gpus - failures
-        return (self._totals[0].item() / ok if ok else float("nan")), failures, time.monotonic() - t0
+        mean_loss = self._totals[0].item() / ok if ok else float("nan")
+        return InstanceSum(mean_loss, time.monotonic() - t0, link_s, self._totals[2].item() > 0), failures
 
 
 class Replicas:
     """Replica 0's handle on the others: starts their threads, hands out each pull, sums each push,
     and ends them (`close`) however the worker's loop ends.
 
-    `build(rank)` returns (flat model, step) for replica `rank`: `step()` computes one padded
-    forward/backward on the replica's own batch, leaves its push vector filled and returns the loss.
+    `bound` is replica 0's flat model (its push is what the sum fills). `build(rank)` returns
+    (flat model, step) for replica `rank`: `step(push_complete)` computes one forward/backward on
+    the replica's own batch, calls `push_complete()` once its push vector is filled, pads to the
+    type's speed and returns (loss, the padded step's seconds or None). `scope(rank)` (default: no
+    listener) wraps replica `rank`'s thread and yields its PhaseListener.
     """
 
-    def __init__(self, gpus: int, devices: list[torch.device], numel: int, pcie_mbps: float | None,
-                 timeout_s: float, build: Callable[[int], tuple]):
+    def __init__(self, gpus: int, devices: list[torch.device], bound: FlatModel, pcie_mbps: float | None,
+                 timeout_s: float, build: Callable[[int], tuple],
+                 scope: Callable[[int], AbstractContextManager[PhaseListener]] | None = None, early: bool = True):
         store = HashStore()
-        floor_s = pcie_floor_s(gpus, numel, pcie_mbps)
-        self.gpus, self.numel, self.devices = gpus, numel, devices
+        self.gpus, self.devices = gpus, devices
+        self.numel, self.param_numel = bound.layout.numel, bound.layout.param_numel
+        self.link_s_per_numel = pcie_floor_s(gpus, 1, pcie_mbps)
+        self.early = early
         self.errors: dict[int, BaseException] = {}
         self._handed = False  # the replicas compute and will join a sum next
         self._closed = False
+        self._scope = scope or (lambda rank: contextlib.nullcontext(NoListener()))
         groups: dict[int, object] = {}
 
         def make_group(rank: int) -> None:
@@ -123,52 +155,81 @@ class Replicas:
         make_group(0)
         for maker in makers:
             maker.join()
-        self.link = IntraLink(groups[0], 0, gpus, devices[0], floor_s)
+        self.link = IntraLink(groups[0], 0, gpus, devices[0], self._bucket_sum(groups[0], bound.push, bound))
         self._threads = []
         for rank in range(1, gpus):
-            link = IntraLink(groups[rank], rank, gpus, devices[rank], floor_s)
-            thread = threading.Thread(target=self._serve, args=(rank, link, devices[rank], build), daemon=True,
+            thread = threading.Thread(target=self._serve, args=(rank, groups[rank], devices[rank], build), daemon=True,
                                       name=f"replica-{rank}")
             thread.start()
             self._threads.append(thread)
 
-    def _serve(self, rank: int, link: IntraLink, device: torch.device, build) -> None:
+    def _bucket_sum(self, group, push: torch.Tensor, bound: FlatModel | None) -> BucketSum:
+        return BucketSum(group, self.gpus, push, self.param_numel, bound, self.link_s_per_numel, self.early)
+
+    def _serve(self, rank: int, group, device: torch.device, build) -> None:
         """Replicas 1..g-1: wait for the state, compute, join the sum; until told to stop. A failure
-        (its own batch, its GPU) is kept for replica 0 to raise; this replica goes on joining the
-        collectives with a flag, so nobody waits for it."""
+        (its own batch, its GPU, its scope) is kept for replica 0 to raise; this replica goes on
+        joining the collectives with a flag, so nobody waits for it."""
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        try:
-            bound, step = build(rank)
-            state, push = bound.state, bound.push
-        except BaseException as err:  # no model: stand-ins of the right size keep the collectives going
-            self.errors[rank] = err
-            state, push = torch.zeros(self.numel, device=device), torch.zeros(self.numel, device=device)
-        while link.hand_out(state, go=True):
-            loss, failed = 0.0, rank in self.errors
-            if not failed:
-                try:
-                    loss = step()
-                except BaseException as err:
-                    self.errors[rank] = err
-                    failed = True
-            link.sum(push, loss, failed)
+        with contextlib.ExitStack() as stack:
+            listener: PhaseListener = NoListener()
+            bound = None
+            try:
+                listener = stack.enter_context(self._scope(rank))
+                bound, step = build(rank)
+            except BaseException as err:  # no model: stand-ins of the right size keep the collectives going
+                self.errors[rank] = err
+            state = bound.state if bound is not None else torch.zeros(self.numel, device=device)
+            push = bound.push if bound is not None else torch.zeros(self.numel, device=device)
+            link = IntraLink(group, rank, self.gpus, device, self._bucket_sum(group, push, bound))
+            stack.callback(link.buckets.close)
+            iteration, padded_s = 0, None
+            while link.hand_out(state, go=True, step_s=padded_s):
+                if iteration:
+                    listener.comm_end(iteration - 1)
+                loss, failed = 0.0, rank in self.errors
+                if not failed:
+                    try:
+                        listener.compute_start(iteration)
+                        loss, padded_s = step(self._push_complete(link))
+                        listener.compute_end(iteration)
+                    except BaseException as err:
+                        self.errors[rank] = err
+                        failed = True
+                listener.comm_start(iteration)
+                link.sum(loss, failed)
+                iteration += 1
+            if iteration:
+                listener.comm_end(iteration - 1)
 
-    def hand_out(self, state: torch.Tensor) -> None:
-        """The pull, received once by replica 0, to every replica."""
-        self.link.hand_out(state, go=True)
+    def _push_complete(self, link: IntraLink) -> Callable[[], None]:
+        """What a replica does once its push vector is complete: start the buckets backward has not
+        started; with `early` off, nothing: every bucket starts in the sum, after the padded compute
+        (the sum as it was before it overlapped backward)."""
+        return link.buckets.compute_done if self.early else (lambda: None)
+
+    def hand_out(self, state: torch.Tensor, step_s: float | None = None) -> None:
+        """The pull, received once by replica 0, to every replica; replica 0's buckets armed
+        (`step_s`: its previous step's emulated seconds when padded, buckets.py)."""
+        self.link.hand_out(state, go=True, step_s=step_s)
         self._handed = True
 
-    def sum(self, push: torch.Tensor, loss: float) -> tuple[float, float]:
-        """The instance's mean push into `push` (replica 0's): (mean loss, the sum's seconds). A
-        replica's failure is raised here."""
-        loss, failures, elapsed_s = self.link.sum(push, loss, failed=False)
+    def compute_done(self) -> None:
+        """Replica 0's push vector is complete: its buckets not yet started start (with `early`
+        off, in the sum)."""
+        self._push_complete(self.link)()
+
+    def sum(self, loss: float) -> InstanceSum:
+        """The instance's mean push into replica 0's push vector, and the mean loss. A replica's
+        failure is raised here."""
+        result, failures = self.link.sum(loss, failed=False)
         self._handed = False
         if failures:
             rank, err = min(self.errors.items())
             sys.stderr.write(f"spotfill worker: replica {rank} of {self.gpus} failed\n")
             raise err
-        return loss, elapsed_s
+        return result
 
     def close(self) -> None:
         """End the replicas: a sum they are waiting for (replica 0 failed mid-iteration) is joined
@@ -177,7 +238,8 @@ class Replicas:
             return
         self._closed = True
         if self._handed:
-            self.link.sum(torch.zeros(self.numel, device=self.devices[0]), 0.0, failed=True)
+            self.link.sum(0.0, failed=True)
         self.link.hand_out(torch.zeros(0), go=False)
         for thread in self._threads:
             thread.join()
+        self.link.buckets.close()

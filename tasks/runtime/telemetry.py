@@ -5,8 +5,9 @@ Every record has `t` (epoch seconds) and `kind`:
 - `update`: one accepted gradient push. Fields: worker, instance_type, step (the worker's
   iteration), samples, loss, compute_s (this iteration's forward/backward, padded to the
   instance's speed), comm_s (the worker's previous iteration's push+pull, measured by the worker;
-  null on its first), intra_sum_s (a multi-GPU worker's sum of its replicas' gradients this
-  iteration, inside comm_s; null for one GPU), base_version (the
+  null on its first), intra_sum_s (the part of a multi-GPU worker's sum of its replicas'
+  gradients this iteration left exposed after compute, inside comm_s; null for one GPU),
+  intra_sum_link_s (the seconds that sum held the instance's link, most of it during backward), base_version (the
   version the gradient was computed on), version (the PS version after applying it),
   staleness (version - 1 - base_version), lr, samples_total and updates_total (cluster totals
   after this update), apply_ms and apply_ms_per_mb (the PS's optimizer step for it).
@@ -62,6 +63,7 @@ class TelemetryWriter:
 class WorkerStats:
     instance_type: str = ""
     gpus: int = 1  # its replicas, one per GPU (replicas.py)
+    instance_id: str = ""  # the instance it runs on (its filling metrics file's name)
     updates: int = 0
     samples: int = 0
     last_step_s: float | None = None  # compute_s + comm_s of its latest reported iteration
@@ -134,7 +136,8 @@ class TelemetryReader:
             if r["comm_s"] is not None:
                 w.last_step_s = r["compute_s"] + r["comm_s"]
         elif kind == "join":
-            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"], gpus=r.get("gpus", 1)))
+            p.workers.setdefault(r["worker"], WorkerStats(r["instance_type"], gpus=r.get("gpus", 1),
+                                                          instance_id=r.get("instance_id") or ""))
         elif kind == "leave":
             p.workers.setdefault(r["worker"], WorkerStats()).left = r["reason"]
         elif kind == "resume":

@@ -7,12 +7,13 @@ rank, 2)`: PS rank 0, worker rank 1. Workers join and leave without touching any
 
 Messages (torch.distributed send/recv on that group; headers on tag 0):
 worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute_s, comm_s, reason,
-    epoch, stop_epoch, intra_sum_s]. A PUSH is that header as compute starts, then the PS's range of the flat
+    epoch, stop_epoch, intra_sum_s, intra_sum_link_s]. A PUSH is that header as compute starts, then the PS's range of the flat
     float32 vector (flat.py) of gradients followed by the worker's floating-point buffers
     (BatchNorm statistics), in pieces of `piece_numel` elements (from the worker's join
     description; pieces.py) on tags 1, 2, ... as backward finishes them (push.py), then the header
     again, now with the loss and the times (the trailer), after which the PS applies it (unless its
-    slot 7 is DROPPED); its slot 10 is a multi-GPU worker's intra-instance sum time (replicas.py;
+    slot 7 is DROPPED); its slot 10 is the part of a multi-GPU worker's intra-instance sum left
+    exposed after compute, slot 11 the seconds the sum held the instance's link (replicas.py;
     negative: one GPU).
 PS -> worker: a float64 header [status, version, lr, applied (1.0 when the push just received was
     applied and counted), epoch, stop_epoch, 0...]; with status CONTINUE the PS's range of the flat
@@ -34,9 +35,10 @@ from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
 from tasks.runtime import flat
 
-HEADER_LEN = 11
+HEADER_LEN = 12
 EPOCH, STOP_EPOCH = 8, 9  # header slots of the sharded PS's epoch protocol (both directions)
-INTRA_SUM_S = 10  # a push trailer's slot: the seconds of the sum of a multi-GPU worker's replicas
+INTRA_SUM_S = 10  # a push trailer's slot: the exposed seconds of the sum of a multi-GPU worker's replicas
+INTRA_SUM_LINK_S = 11  # and the seconds its buckets held the instance's link
 PUSH, LEAVE, PULL = 1.0, 2.0, 3.0
 CONTINUE, STOP = 0.0, 1.0
 DROPPED = 1.0  # slot 7 of a push's trailer: the worker withdraws this push (push.py); it is not applied

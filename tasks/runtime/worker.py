@@ -9,8 +9,8 @@ reference is given: an instance type with relative speed 0.5 computes half as fa
 reference. Compute that is already slower than the target is not padded.
 
 Multi-GPU instances (`--gpus G`, the local provider passes SPOTFILL_GPUS): G replicas, one per
-GPU, each at batch_size / G, summing their gradients inside the instance before one push
-(replicas.py); each replica pads its own step as above.
+GPU, each at batch_size / G, summing their gradients inside the instance during backward before
+one push (replicas.py, buckets.py); each replica pads its own step as above.
 
 Leaving: when the notice file appears (a revocation notice) or on SIGTERM/SIGINT, the worker
 finishes its current iteration (its gradient is pushed and counted), tells the PS it leaves, and
@@ -43,7 +43,7 @@ from tasks.core import limits
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
 from tasks.core.phases import NoListener, PhaseListener
-from tasks.filling.attach import ReportingFiller, build_worker_filler
+from tasks.filling.attach import InstanceFiller, ReportingFiller, build_worker_filler, check_memory_fits, worker_fill_config
 from tasks.filling.executor import training_stream_scope
 from tasks.runtime import flat, wire
 from tasks.runtime.lifetime import pid_alive
@@ -79,6 +79,8 @@ class WorkerConfig:
     piece_mb: float = PIECE_MB  # the push and the pull move in pieces of this size, overlapping backward and forward
     gpus: int = 1  # replicas, one per GPU, splitting batch_size (replicas.py)
     pcie_mbps: float | None = None  # the emulated intra-instance link the replicas' sum is paced to
+    sum_in_instance: bool = False  # the replicas' path (hand-out, sum) even with one GPU: bench gpu on a one-GPU machine
+    sum_after_backward: bool = False  # the replicas' sum starts once compute ends, not during backward (the bench's before)
 
 
 @dataclass
@@ -257,7 +259,9 @@ def replica_devices(device: torch.device, gpus: int) -> list[torch.device]:
         return [device] * gpus
     if gpus > torch.cuda.device_count():
         raise UserInputError(f"the instance has {gpus} GPUs but torch sees {torch.cuda.device_count()}")
-    return [torch.device("cuda", i) for i in range(gpus)] if gpus > 1 else [device]
+    if gpus == 1:  # with its index: a replica's thread sets its device (torch.cuda.set_device needs one)
+        return [device if device.index is not None else torch.device("cuda", torch.cuda.current_device())]
+    return [torch.device("cuda", i) for i in range(gpus)]
 
 
 def check_gpus(batch_size: int, gpus: int) -> int:
@@ -269,17 +273,21 @@ def check_gpus(batch_size: int, gpus: int) -> int:
     return batch_size // gpus
 
 
-def pad_to_speed(t0: float, config: WorkerConfig) -> None:
-    """Sleep until the step begun at `t0` has taken the emulated type's compute time."""
+def pad_to_speed(t0: float, config: WorkerConfig) -> float | None:
+    """Sleep until the step begun at `t0` has taken the emulated type's compute time; returns that
+    time when the step was padded (None: the real compute was already slower), by which a
+    replica's next sum places its buckets' starts (buckets.py)."""
     real_s = time.monotonic() - t0
     target_s = (config.reference_compute_s or real_s) / config.relative_speed
     if target_s > real_s:
         time.sleep(target_s - real_s)
+        return target_s
+    return None
 
 
 def replica_builder(config: WorkerConfig, devices: list[torch.device], batch_per_gpu: int, seed: int):
     """`build(rank)` for replicas 1..G-1 (replicas.py): its own model on its device and its own
-    batches; `step()` computes one padded forward/backward into the push vector."""
+    batches; `step(push_complete)` computes one padded forward/backward into the push vector."""
 
     def build(rank: int):
         workload = build_workload(config.workload, config.workload_options)
@@ -288,29 +296,32 @@ def replica_builder(config: WorkerConfig, devices: list[torch.device], batch_per
         bound = flat.bind(model)
         batches = device_batches(workload.batches(batch_per_gpu, seed + rank), devices[rank])
 
-        def step() -> float:
+        def step(push_complete: Callable[[], None]) -> tuple[float, float | None]:
             t0 = time.monotonic()
             inputs, targets = next(batches)
             loss = workload.loss_fn(model(inputs), targets)
             bound.zero_grad()
             loss.backward()
             bound.fill_push_buffers()
+            push_complete()
             loss_value = loss.item()
-            pad_to_speed(t0, config)
-            return loss_value
+            return loss_value, pad_to_speed(t0, config)
 
         return bound, step
 
     return build
 
 
-def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None) -> WorkerResult:
+def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leave_flag: _LeaveFlag | None = None,
+               replica_listeners: list[PhaseListener] | None = None) -> WorkerResult:
     """Pull, compute, push, repeat. The model's parameters and gradients are views into two flat
     vectors (flat.py), so a pull lands in the model and a push is the gradient vector itself; on
     CUDA each crosses the bus once, through a pinned host copy. The push leaves in pieces during
     backward (push.py); the pull lands in pieces during forward (pull.py). With `gpus` > 1 this
     loop is replica 0 of the instance's replicas (replicas.py): the pull lands whole and is handed
-    to every replica, and the push leaves once their gradients are summed."""
+    to every replica, and the push leaves once their gradients are summed (bucket by bucket during
+    backward, buckets.py). `listener` hears
+    replica 0's phase edges, `replica_listeners[r - 1]` replica r's (each GPU's own filler)."""
     if config.batch_size <= 0:
         raise UserInputError(f"batch size must be positive, got {config.batch_size}")
     if config.relative_speed <= 0:
@@ -342,16 +353,20 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
         ) from None
 
     replicas = None
-    if config.gpus > 1:
-        replicas = Replicas(config.gpus, devices, numel, config.pcie_mbps,
+    listeners = replica_listeners or [None] * (config.gpus - 1)
+    if config.gpus > 1 or config.sum_in_instance:
+        replicas = Replicas(config.gpus, devices, flat_model, config.pcie_mbps,
                             config.op_timeout_s + config.reconnect_timeout_s,
-                            replica_builder(config, devices, batch_per_gpu, seed))
+                            replica_builder(config, devices, batch_per_gpu, seed),
+                            scope=lambda rank: replica_scope(listeners[rank - 1], devices[rank]),
+                            early=not config.sum_after_backward)
     pusher = Pusher(flat_model, shards.ranges, host_push, piece_numel_for(config.piece_mb), overlap=replicas is None)
     puller = Puller(flat_model, shards.ranges, host_state, piece_numel_for(config.piece_mb))
 
     try:
         step = samples_accepted = rejoins = 0
         comm_s = -1.0  # the previous iteration's push+pull; none before the first
+        padded_s = None  # the previous step's emulated compute time, when padded (the replicas' buckets, buckets.py)
         need_pull = True
         while True:
             try:
@@ -374,7 +389,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 t0 = time.monotonic()
                 if replicas is not None:  # the pull, received once, to every replica
                     puller.land_all()
-                    replicas.hand_out(flat_model.state)
+                    replicas.hand_out(flat_model.state, padded_s)
                 with _link_errors():
                     pusher.start(shards.links, shards.headers([wire.PUSH, step, config.batch_size]))
                 try:
@@ -390,20 +405,24 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                 flat_model.fill_push_buffers()
                 if replicas is None:
                     pusher.compute_done()
+                else:  # the buckets of the instance's sum not started during backward start now
+                    replicas.compute_done()
                 loss_value = loss.item()
-                pad_to_speed(t0, config)
+                padded_s = pad_to_speed(t0, config)
                 compute_s = time.monotonic() - t0
                 listener.compute_end(step)
 
                 listener.comm_start(step)
                 t1 = time.monotonic()
-                intra_sum_s = -1.0
+                intra_sum_s = intra_sum_link_s = -1.0
+                dropped = False
                 if replicas is not None:  # the instance's gradient: its replicas' summed, then pushed once
-                    loss_value, intra_sum_s = replicas.sum(flat_model.push, loss_value)
+                    loss_value, intra_sum_s, intra_sum_link_s, dropped = replicas.sum(loss_value)
                     pusher.compute_done()
                 with _link_errors():
                     pusher.finish(shards.headers([wire.PUSH, step, config.batch_size, loss_value, 0, compute_s, comm_s,
-                                                  wire.DROPPED if pusher.dropped else 0.0, 0, 0, intra_sum_s]))
+                                                  wire.DROPPED if pusher.dropped or dropped else 0.0, 0, 0,
+                                                  intra_sum_s, intra_sum_link_s]))
                 more = shards.receive(puller)
                 if shards.replies[0][3].item() == 1.0:
                     samples_accepted += config.batch_size
@@ -471,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicas, one per GPU, splitting --batch-size (default: the GPUs torch sees, 1 on CPU)")
     p.add_argument("--pcie-mbps", type=arg_type(limits.mbps), default=os.environ.get("SPOTFILL_PCIE_MBPS") or None,
                    help="pace the replicas' gradient sum to this intra-instance link (megabits/s)")
+    p.add_argument("--sum-in-instance", action="store_true",
+                   help="hand out the pull and sum the push over the instance's replicas even with one GPU "
+                        "(the multi-GPU path; `spotfill bench gpu` runs it on a one-GPU machine)")
+    p.add_argument("--sum-after-backward", action="store_true",
+                   help="start the replicas' gradient sum once compute ends instead of bucket by bucket during "
+                        "backward (`spotfill bench runtime --part gpus` measures both)")
     p.add_argument("--notice-file", type=Path, default=os.environ.get("SPOTFILL_NOTICE_FILE") or None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
@@ -490,17 +515,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_filler(args: argparse.Namespace, device: str):
-    """The inference filler the worker's loop feeds its phase edges to, when --fill is given."""
+def build_filler(args: argparse.Namespace, device: str, gpus: int = 1) -> tuple[object | None, list]:
+    """With --fill: (the instance's filler, the replicas' own fillers). Each replica fills its own
+    GPU's bubbles with a filler on that GPU (on the CPU, g fillers share the host's memory, which
+    is checked for all of them first); the worker's loop feeds its edges to the instance's filler,
+    which drives replica 0's and sums every replica's harvest into the instance's metrics file."""
     if not args.fill:
-        return None
+        return None, []
 
-    filler = build_worker_filler({"device": torch.device(device).type,
-                                  "online_rate_per_s": args.fill_online_rate, "slo_s": args.fill_online_slo_s})
+    config = {"device": torch.device(device).type, "online_rate_per_s": args.fill_online_rate,
+              "slo_s": args.fill_online_slo_s}
+    devices = replica_devices(torch.device(device), gpus)
+    if devices[0].type == "cpu" and gpus > 1:
+        check_memory_fits(worker_fill_config(config), copies=gpus)
+    fillers = []
+    try:
+        for replica_device in devices:
+            with torch.cuda.device(replica_device) if replica_device.type == "cuda" else contextlib.nullcontext():
+                fillers.append(build_worker_filler(config))
+    except BaseException:
+        for filler in fillers:
+            filler.close()
+        raise
+    instance = InstanceFiller(fillers)
     metrics_dir = args.fill_metrics_dir or (args.notice_file.parent.parent / "filling" if args.notice_file else None)
     if metrics_dir is None:
-        return filler
-    return ReportingFiller(filler, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json")
+        return instance, fillers
+    return ReportingFiller(instance, Path(metrics_dir) / f"{args.instance_id or os.getpid()}.json"), fillers
 
 
 def fill_stream_scope(filler, device: str):
@@ -510,6 +551,13 @@ def fill_stream_scope(filler, device: str):
         return contextlib.nullcontext()
 
     return training_stream_scope(device)
+
+
+@contextlib.contextmanager
+def replica_scope(listener: PhaseListener | None, device: torch.device):
+    """A replica thread's scope (replicas.py): its own filler's stream scope, yielding its listener."""
+    with fill_stream_scope(listener, str(device)):
+        yield listener or NoListener()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -533,14 +581,15 @@ def main(argv: list[str] | None = None) -> int:
             notice_file=args.notice_file, seed=args.seed, device=device,
             connect_timeout_s=args.connect_timeout_s, reconnect_timeout_s=args.reconnect_timeout_s,
             max_steps=args.max_steps, watch_pid=args.watch_pid, more_ps=more_ps,
-            piece_mb=args.piece_mb, gpus=gpus, pcie_mbps=args.pcie_mbps,
+            piece_mb=args.piece_mb, gpus=gpus, pcie_mbps=args.pcie_mbps, sum_in_instance=args.sum_in_instance,
+            sum_after_backward=args.sum_after_backward,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, leave_flag.set_terminated)
-        filler = build_filler(args, device)
+        filler, replica_fillers = build_filler(args, device, gpus)
         try:
             with fill_stream_scope(filler, device):
-                result = run_worker(config, listener=filler, leave_flag=leave_flag)
+                result = run_worker(config, listener=filler, leave_flag=leave_flag, replica_listeners=replica_fillers[1:])
         finally:
             if filler is not None:
                 filler.close()

@@ -30,6 +30,8 @@ def test_a_four_gpu_instance_trains_four_replicas_and_pushes_four_batches_per_gp
     assert {r["samples"] for r in updates["g3.16xlarge"]} == {16} and {r["samples"] for r in updates["p3.2xlarge"]} == {4}
     # the sum is paced to the profile's PCIe bandwidth (10000 MB/s) times the bandwidth scale
     floor_s = pcie_floor_s(4, wire.flat_size(build_workload("resnet20", {"width": 4}).model), 8 * 10000 * 1e-4)
-    assert min(r["intra_sum_s"] for r in updates["g3.16xlarge"]) >= floor_s > 0.005
-    assert all(r["intra_sum_s"] is None for r in updates["p3.2xlarge"])
+    # (its buckets hold the link that long; most of it during backward, the rest exposed: intra_sum_s)
+    assert min(r["intra_sum_link_s"] for r in updates["g3.16xlarge"]) >= floor_s > 0.005
+    assert all(r["intra_sum_s"] >= 0 for r in updates["g3.16xlarge"])
+    assert all(r["intra_sum_s"] is None and r["intra_sum_link_s"] is None for r in updates["p3.2xlarge"])
     assert not alive_pids(tmp_path)

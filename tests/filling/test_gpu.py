@@ -248,6 +248,31 @@ def test_bench_gpu_without_cuda_is_one_line_exit_2_and_needs_neither_prefect_nor
     assert proc.stderr.count("\n") == 1 and "CUDA" in proc.stderr, proc.stderr
 
 
+GPUS_SECTION_ON_CPU = """
+import json, sys
+for name in ("prefect", "boto3", "botocore"):
+    sys.modules[name] = None  # any import of them now raises ImportError
+from tasks.bench.gpu import gpus_section
+print(json.dumps(gpus_section(window_s=1.0, workload="resnet20", options={"width": 4}, batch_per_gpu=2,
+                              device="cpu", artifacts_dir=sys.argv[1])))
+"""
+
+
+@pytest.mark.integration
+def test_bench_gpus_multi_gpu_section_runs_the_replicas_path_on_the_cpu_without_prefect_or_boto3(tmp_path):
+    """bench gpu's gpus section, on the CPU: the same code it drives on GPUs (a worker of an
+    instance with two replicas, their sum over the local group), with Prefect and boto3 blocked."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", GPUS_SECTION_ON_CPU, str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["gpus"], out["device"]) == (2, "cpu") and out["samples_per_s"] > 0
+    assert out["sums"] > 0 and out["intra_sum_s"] >= 0  # each update carried the instance's sum
+
+
 def test_gpu_check_keeps_going_past_a_failing_section_and_prints_one_json_object(monkeypatch, capsys):
     """run_bench and the table on made-up sections: a section that raises records one line."""
     import json

@@ -772,3 +772,20 @@ def test_online_lane_runs_realtime_when_allowed_and_says_so_when_not(monkeypatch
     assert refused.online_priority_refused == "SCHED_FIFO refused: [Errno 1] Operation not permitted"
     normal = CpuExecutor(workload, intra_op_threads=1, online_priority="normal")
     assert _lane_setup_in_thread(normal, "online") == os.SCHED_OTHER and normal.online_priority == "normal"
+
+
+def test_an_instances_metrics_add_up_its_replicas_harvest_and_keep_the_worst_latency():
+    from tasks.filling.attach import SUMMED, instance_metrics
+
+    def replica(samples: int, bubble_s: float, inside_s: float, p99_s, slowdown, budget: float) -> dict:
+        m = {key: 0 for key in SUMMED}
+        m.update(inference_samples=samples, offline_samples=samples, bubble_s=bubble_s, busy_in_bubble_s=inside_s,
+                 online_p50_s=p99_s, online_p95_s=p99_s, online_p99_s=p99_s, compute_slowdown=slowdown,
+                 elapsed_s=10.0, guard_budget=budget, fill_efficiency=inside_s / bubble_s, error=None)
+        return m
+
+    m = instance_metrics([replica(30, 2.0, 1.0, 0.05, None, 1.0), replica(10, 1.0, 0.8, None, 0.01, 0.5)])
+    assert (m["replicas"], m["inference_samples"], m["offline_samples"]) == (2, 40, 40)
+    assert m["fill_efficiency"] == pytest.approx(1.8 / 3.0)  # over the summed bubbles, not a mean of ratios
+    assert (m["online_p99_s"], m["compute_slowdown"], m["guard_budget"]) == (0.05, 0.01, 0.5)
+    assert instance_metrics([{}, {}]) == {}  # filling off on every replica

@@ -415,13 +415,26 @@ def test_one_field_of_the_request_is_overridden_alone_the_way_prefect_merges_par
     assert len(seconds) >= 7 and all(title.endswith("(s)") for title in seconds.values()), seconds
 
 
-def test_the_report_lists_each_worker_with_its_gpus():
-    from tasks.pipeline.report import workers_markdown
+def test_the_report_lists_each_worker_with_its_gpus_and_its_instances_inference(tmp_path):
+    import json
+
+    from tasks.filling.attach import SUMMED, WORST_HIGH, instance_metrics
+    from tasks.pipeline.report import instance_inference, workers_markdown
+
+    (tmp_path / "filling").mkdir()
+    replicas = [{**dict.fromkeys(SUMMED, 0), **dict.fromkeys(WORST_HIGH), "error": None, "guard_budget": 1.0,
+                 "inference_samples": n} for n in (300, 120)]
+    (tmp_path / "filling" / "i-1.json").write_text(json.dumps(instance_metrics(replicas)))
+    assert instance_inference(tmp_path, "i-1") == 420  # both GPUs' harvest
+    assert instance_inference(tmp_path, "i-gone") is None and instance_inference(tmp_path, "") is None
 
     lines = workers_markdown({"trained_workers": [
-        {"worker": 1, "instance_type": "g3.8xlarge", "gpus": 2, "updates": 40, "samples": 1280, "left": None},
-        {"worker": 2, "instance_type": "p3.2xlarge", "gpus": 1, "updates": 9, "samples": 144, "left": "notice"}]})
-    assert "| 1 | g3.8xlarge | 2 | 40 | 1280 | - |" in lines and "| 2 | p3.2xlarge | 1 | 9 | 144 | notice |" in lines
+        {"worker": 1, "instance_type": "g3.8xlarge", "gpus": 2, "updates": 40, "samples": 1280,
+         "inference_samples": 420, "left": None},
+        {"worker": 2, "instance_type": "p3.2xlarge", "gpus": 1, "updates": 9, "samples": 144,
+         "inference_samples": None, "left": "notice"}]})
+    assert "| 1 | g3.8xlarge | 2 | 40 | 1280 | 420 | - |" in lines
+    assert "| 2 | p3.2xlarge | 1 | 9 | 144 | - | notice |" in lines
     assert workers_markdown({"trained_workers": []}) == []
 
 

@@ -415,3 +415,26 @@ def test_validation_refuses_an_unreachable_target_before_any_run(monkeypatch, sh
     monkeypatch.setattr(validate, "run_once", lambda *a, **k: pytest.fail("no run may start"))
     with pytest.raises(UserInputError, match="unreachable: the fitted loss curve never goes below gamma5"):
         validate.validate_profile(None, profile, "transformer-lm", [{"p3.2xlarge": 2}], profile.loss.gamma5 - 0.1)
+
+
+def test_the_quick_preset_validates_one_gpu_multi_gpu_and_mixed_clusters():
+    from tasks.profiling.presets import preset
+    from tasks.providers.local import default_types
+
+    gpus = {t.name: t.gpus for t in default_types()[0]}
+    kinds = {frozenset(gpus[t] > 1 for t in c) for c in preset("quick").validation_configs}
+    assert kinds == {frozenset({False}), frozenset({True}), frozenset({False, True})}
+
+
+def test_validation_reports_each_clusters_gpus_per_worker_and_the_error_of_each_kind(monkeypatch, shipped_profile_path):
+    from tasks.core import profile as profile_module
+    from tests.helpers import validated_with_fake_runs
+
+    profile = profile_module.load_profile(shipped_profile_path)
+    one, multi, mixed = {"p3.2xlarge": 2}, {"g3.8xlarge": 3}, {"p3.2xlarge": 1, "g3.8xlarge": 2}
+    report = validated_with_fake_runs(monkeypatch, profile, [one, multi, mixed],
+                                      {"p3.2xlarge=2": 11.0, "g3.8xlarge=3": 8.0, "p3.2xlarge=1,g3.8xlarge=2": 12.5})
+    assert [r.gpus_per_worker for r in report.configs] == [{"p3.2xlarge": 1}, {"g3.8xlarge": 2},
+                                                           {"p3.2xlarge": 1, "g3.8xlarge": 2}]
+    assert report.one_gpu_median_time_error == pytest.approx(1 / 11)
+    assert report.multi_gpu_median_time_error == pytest.approx((2 / 8 + 2.5 / 12.5) / 2)

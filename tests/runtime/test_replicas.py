@@ -19,15 +19,15 @@ from tasks.runtime.workloads import build_workload
 SPEC, OPTIONS = "resnet20", {"width": 4}  # SGD: the update is linear in the gradient, so a sum is told from a mean
 
 
-def _train(tmp_path, gpus: int, batch: int, steps: int, **config) -> tuple[ParameterServer, torch.Tensor, object]:
-    """One worker of `gpus` replicas trains `steps` steps against an in-process PS; (PS, its start state, result)."""
+def _train(tmp_path, gpus: int, batch: int, steps: int, run=run_worker, **config) -> tuple[ParameterServer, torch.Tensor, object]:
+    """One worker of `gpus` replicas (`run(config)`) trains against an in-process PS; (PS, its start state, result)."""
     port = free_port()
     ps = ParameterServer(PsConfig(run_dir=tmp_path / "run", port=port, workload=SPEC, workload_options=OPTIONS))
     start_state = ps.state.clone()
     thread = threading.Thread(target=ps.serve, args=(wire.host_store(port, 30),))
     thread.start()
     try:
-        result = run_worker(WorkerConfig("127.0.0.1", port, SPEC, batch, OPTIONS, seed=5, gpus=gpus, **config))
+        result = run(WorkerConfig("127.0.0.1", port, SPEC, batch, OPTIONS, seed=5, gpus=gpus, **config))
     finally:
         ps.request_stop("test")
         thread.join(timeout=60)
@@ -73,13 +73,18 @@ def test_an_instance_pushes_once_per_iteration_the_mean_of_its_replicas_gradient
         [r["loss"] for r in read_records(tmp_path / "ref") if r["kind"] == "update"], rel=1e-5)
 
 
-def test_the_sum_is_paced_to_the_emulated_pcie_link(tmp_path):
+@pytest.mark.parametrize("after_backward", [False, True])
+def test_the_sum_is_paced_to_the_emulated_pcie_link(tmp_path, after_backward):
+    """Its buckets hold the link for at least the PCIe term; started after backward, the iteration
+    waits for all of it (started during backward, for what is left: tests/runtime/test_buckets.py)."""
     pcie_mbps = 40.0  # megabits/s: a few tens of milliseconds for this model's vector
-    ps, _, _ = _train(tmp_path, 2, 4, 2, max_steps=2, pcie_mbps=pcie_mbps)
+    ps, _, _ = _train(tmp_path, 2, 4, 3, max_steps=3, pcie_mbps=pcie_mbps, sum_after_backward=after_backward)
     floor_s = pcie_floor_s(2, ps.flat_size, pcie_mbps)
     assert floor_s > 0.01
-    sums = [r["intra_sum_s"] for r in read_records(tmp_path / "run") if r["kind"] == "update"]
-    assert len(sums) == 2 and min(sums) >= floor_s
+    updates = [r for r in read_records(tmp_path / "run") if r["kind"] == "update"]
+    assert len(updates) == 3 and min(u["intra_sum_link_s"] for u in updates) >= floor_s
+    if after_backward:
+        assert min(u["intra_sum_s"] for u in updates) >= floor_s
 
 
 def test_a_notice_ends_every_replica_with_the_worker(tmp_path):
@@ -116,28 +121,84 @@ def test_a_launch_of_a_multi_gpu_type_on_one_named_gpu_is_refused_before_any_pro
 def test_a_replica_that_fails_has_its_error_raised_by_replica_0_and_every_replica_ends():
     from tasks.runtime.replicas import Replicas
 
-    numel = 8
-
-    class Bound:
-        def __init__(self):
-            self.state, self.push = torch.zeros(numel), torch.full((numel,), 3.0)
+    def step(push_complete):
+        push_complete()
+        return 1.0, None
 
     def build(rank: int):
         if rank == 2:
             raise RuntimeError("replica 2's GPU is gone")
-        return Bound(), lambda: 1.0
+        return flat.bind(torch.nn.Linear(2, 4)), step
 
     cpu = torch.device("cpu")
-    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, build)
-    push = torch.full((numel,), 3.0)
-    replicas.hand_out(torch.ones(numel))
+    bound = flat.bind(torch.nn.Linear(2, 4))
+    replicas = Replicas(3, [cpu] * 3, bound, None, 30.0, build)
+    replicas.hand_out(torch.ones(bound.layout.numel))
+    replicas.compute_done()
     with pytest.raises(RuntimeError, match="replica 2's GPU is gone"):
-        replicas.sum(push, 1.0)
+        replicas.sum(1.0)
     replicas.close()
     assert not any(t.name.startswith("replica-") for t in threading.enumerate())
 
     # replica 0 failing between the hand-out and the sum: close() joins the sum the others wait in
-    replicas = Replicas(3, [cpu] * 3, numel, None, 30.0, lambda rank: (Bound(), lambda: 1.0))
-    replicas.hand_out(torch.ones(numel))
+    replicas = Replicas(3, [cpu] * 3, bound, None, 30.0, lambda rank: (flat.bind(torch.nn.Linear(2, 4)), step))
+    replicas.hand_out(torch.ones(bound.layout.numel))
     replicas.close()
     assert not any(t.name.startswith("replica-") for t in threading.enumerate())
+
+
+def test_every_replica_fills_its_own_bubbles_and_the_instance_metrics_sum_them(tmp_path, monkeypatch):
+    """g = 2 on CPU with --fill: each replica has its own filler, fed its own phase edges; the
+    instance's metrics file (what the report reads) is the sum of both replicas' harvest."""
+    import json
+
+    from tasks.filling.attach import CONFIG_ENV
+    from tasks.runtime.worker import _LeaveFlag, build_filler, build_parser
+
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"max_batch": 2, "dataset_size": 32, "calibration_steps": 3,
+                                               "online_priority": "normal"}))
+    args = build_parser().parse_args(["--ps", "127.0.0.1:1", "--workload", SPEC, "--batch-size", "4", "--gpus", "2",
+                                      "--fill", "--fill-online-rate", "0", "--fill-metrics-dir", str(tmp_path / "filling"),
+                                      "--instance-id", "i-2gpu"])
+    instance, fillers = build_filler(args, "cpu", 2)
+    assert len(fillers) == 2
+    leave_flag = _LeaveFlag()
+
+    class LeaveOnceBothFilled:
+        """Replica 0's edges to the instance's filler; asks the worker to leave once every
+        replica's filler has run inference (an event, not a step count)."""
+
+        def __getattr__(self, name):
+            return getattr(instance, name)
+
+        def comm_end(self, step: int) -> None:
+            instance.comm_end(step)
+            if all(f.metrics()["offline_samples"] > 0 for f in fillers):
+                leave_flag.set_terminated()
+
+    # the sum paced to ~0.1 s: a bubble far longer than one inference chunk, however loaded the machine
+    numel = sum(p.numel() for p in build_workload(SPEC, OPTIONS).model.parameters())
+    pcie_mbps = 2 * 2 * numel * 32 / 0.1 / 1e6
+    try:
+        _, _, result = _train(tmp_path, 2, 4, 0, max_steps=400, pcie_mbps=pcie_mbps,
+                              run=lambda config: run_worker(config, listener=LeaveOnceBothFilled(), leave_flag=leave_flag,
+                                                            replica_listeners=fillers[1:]))
+    finally:
+        instance.close()
+    assert result.reason == "terminated"
+    per_replica = [f.metrics() for f in fillers]
+    assert all(m["offline_samples"] > 0 and m["bubbles"] > 0 for m in per_replica)
+
+    written = json.loads((tmp_path / "filling" / "i-2gpu.json").read_text())
+    assert written["replicas"] == 2
+    for key in ("inference_samples", "offline_samples", "chunks", "bubbles"):
+        assert written[key] == sum(m[key] for m in written["per_replica"])
+    assert written["offline_samples"] >= sum(m["offline_samples"] for m in per_replica)
+
+
+def test_one_gpu_takes_the_replicas_path_when_asked_as_bench_gpu_does_on_a_one_gpu_machine(tmp_path):
+    _train(tmp_path, 1, 2, 2, max_steps=2, sum_in_instance=True)
+    updates = [r for r in read_records(tmp_path / "run") if r["kind"] == "update"]
+    assert len(updates) == 2 and all(u["intra_sum_s"] is not None and u["samples"] == 2 for u in updates)
+    _train(tmp_path / "plain", 1, 2, 2, max_steps=2)  # without it, the one-GPU path: no sum
+    assert [r["intra_sum_s"] for r in read_records(tmp_path / "plain" / "run") if r["kind"] == "update"] == [None, None]
