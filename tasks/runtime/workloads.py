@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import math
 import os
@@ -32,7 +33,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from tasks.core.errors import UserInputError, one_line
+from tasks.core.errors import UserInputError, one_line, shown
+from tasks.core.hard_exit import HardExit, hard_exit_raised
 from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 from tasks.core.thread_output import captured_output
 from tasks.runtime.evaluation import TargetMetric, check_target_metric, evaluate_model
@@ -277,14 +279,16 @@ def plugin_code(spec: str, doing: str):
     JSON object; captured for this thread only, so plug-ins built in threads at once leave the
     process's streams alone: tasks/core/thread_output.py), and a sys.exit() inside it (an argparse
     at import, say) is its failure, not this process's: one line that ends with the last line the plug-in printed (argparse's complaint),
-    not its usage text before ours."""
+    not its usage text before ours. An os._exit() inside it is its failure too (tasks/core/hard_exit.py),
+    not the end of this process with no word and perhaps status 0."""
     try:
-        with captured_output() as printed:
+        with captured_output() as printed, hard_exit_raised():
             yield
-    except SystemExit as err:
+    except (SystemExit, HardExit) as err:
         said = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
-        raise UserInputError(f"workload plug-in {spec!r} called sys.exit({err.code!r}) while {doing}"
-                             + (f": {said[-1][:200]}" if said else "")) from None
+        called = f"os._exit({err.status!r})" if isinstance(err, HardExit) else f"sys.exit({err.code!r})"
+        raise UserInputError(f"workload plug-in {spec!r} called {called} while {doing}"
+                             + (f": {shown(said[-1], 200)}" if said else "")) from None
     except BaseException:
         sys.stderr.write(printed.getvalue())
         raise
@@ -348,12 +352,29 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
     for what, value in [("batches", built.batches), ("loss_fn", built.loss_fn), *optional]:
         if not callable(value):
             raise UserInputError(f"workload {spec!r}: {what} is a {type(value).__name__}, not callable")
+    built.batches = _iterating(spec, built.batches)
     if built.optimizer not in OPTIMIZERS:
         raise UserInputError(f"workload {spec!r}: optimizer {built.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     if not (built.base_lr > 0 and built.base_batch > 0):
         raise UserInputError(f"workload {spec!r}: base_lr and base_batch must be positive "
                              f"(got {built.base_lr}, {built.base_batch})")
     return built
+
+
+def _iterating(spec: str, batches: BatchSource) -> BatchSource:
+    """`batches` whose every result is an iterator: a plug-in may return any iterable (a list, a
+    DataLoader), and each consumer (the one-step check, profiling, the worker) calls next() on it;
+    what is not iterable is one line naming the workload."""
+    @functools.wraps(batches)
+    def iterating(batch_size: int, seed: int) -> Iterator[Batch]:
+        made = batches(batch_size, seed)
+        try:
+            return iter(made)
+        except TypeError:
+            raise UserInputError(f"workload {spec!r}: batches(batch_size, seed) returned a {type(made).__name__}, "
+                                 "not an iterable of (inputs, targets) pairs") from None
+
+    return iterating
 
 
 def check_workload(spec: str, options: dict | None = None, batch_size: int = 2,

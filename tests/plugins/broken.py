@@ -81,3 +81,27 @@ def runs_out():
         yield next(source)
 
     return model, two_batches, loss_fn
+
+
+def exits_hard():
+    """os._exit(0): the process would end at once, with status 0 and no word."""
+    import os
+
+    os._exit(0)
+
+
+def exits_hard_in_its_batches():
+    model, _, loss_fn = regression()
+
+    def batches(batch_size, seed):
+        import os
+
+        print("no data here")
+        os._exit(3)
+
+    return model, batches, loss_fn
+
+
+def batches_not_iterable():
+    model, _, loss_fn = regression()
+    return model, lambda batch_size, seed: 42, loss_fn
