@@ -5,6 +5,7 @@ every entry point refuses the same input in the same words. No argparse here: th
 these checks (tasks.core.command_line.arg_type)."""
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -253,6 +254,20 @@ def output_dir(text: str) -> Path:
 def file_stem(name: str) -> str:
     """`name` made safe as part of a file name (a profile's workload may be `../../x` or `a:b`)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:64] or "unnamed"
+
+
+PS_BIND_ENV = "SPOTFILL_PS_BIND"  # the address a parameter server listens on (AWS: 0.0.0.0)
+
+
+def ps_bind_address() -> str:
+    """$SPOTFILL_PS_BIND, else 127.0.0.1: an IPv4 or IPv6 address, checked where it is read and
+    before anything launches, not by each PS failing to listen after it started."""
+    text = os.environ.get(PS_BIND_ENV) or "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise UserInputError(f"{PS_BIND_ENV}='{shown(text, 60)}' is not an IP address "
+                             "(such as 127.0.0.1, 0.0.0.0 or ::)") from None
 
 
 def endpoint_url(text: str) -> str:

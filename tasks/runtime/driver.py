@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.core.errors import UserInputError
+from tasks.core.limits import ps_bind_address
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
@@ -113,6 +114,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     (s3://BUCKET/PREFIX) the PS copies its checkpoints there and a restarted one starts from them
     (durable.py)."""
     workload_options = workload_options or {}
+    ps_bind_address()  # the address each PS will listen on
     check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")

@@ -73,6 +73,7 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
     ([], {"SPOTFILL_FILL_CONFIG": '{"slo_s": 0.5, "slo_s": 0.1}'}, "key 'slo_s' is given twice"),
     ([], {"SPOTFILL_FILL_CONFIG": '{"seed": -1}'}, "fill config from SPOTFILL_FILL_CONFIG: seed"),
     ([], {"PREFECT_API_URL": "http://[::1"}, "PREFECT_API_URL='http://[::1': malformed endpoint URL"),
+    ([], {"SPOTFILL_PS_BIND": "nowhere"}, "SPOTFILL_PS_BIND='nowhere' is not an IP address"),
     ([], {"PREFECT_API_URL": "127.0.0.1:4200/api"}, "PREFECT_API_URL='127.0.0.1:4200/api': endpoint URL must be"),
     (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
     (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
