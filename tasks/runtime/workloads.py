@@ -37,6 +37,7 @@ from tasks.core.errors import UserInputError, one_line, shown
 from tasks.core.hard_exit import HardExit, hard_exit_raised
 from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 from tasks.core.thread_output import captured_output
+from tasks.runtime import flat
 from tasks.runtime.evaluation import TargetMetric, check_target_metric, evaluate_model
 
 OPTIMIZERS = ("sgd", "adam")
@@ -437,9 +438,23 @@ def _check_size(spec: str, options: dict) -> None:
                              f"limit of {limit} (set SPOTFILL_MAX_PARAMS to raise it)")
 
 
+def _check_float32(where: str, model: nn.Module) -> None:
+    """The runtime keeps a model's parameters and floating-point buffers in one float32 vector
+    (flat.py; the wire's type): a bfloat16 or float64 one would be turned into float32 there and
+    the first step of training would then fail on mixed types."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            raise UserInputError(f"{where}: {name} is {str(tensor.dtype).removeprefix('torch.')}; the runtime trains "
+                                 "float32 parameters and buffers: build the model in float32 (torch.autocast "
+                                 "gives lower-precision compute)")
+
+
 def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:
+    """One step of the model as a worker holds it: bound into the flat float32 vector (flat.py)."""
     model = copy.deepcopy(workload.model)
     where = f"workload {spec!r}"
+    _check_float32(where, model)
+    flat.bind(model)
     try:
         batch = next(iter(workload.batches(batch_size, 0)))
     except Exception as err:

@@ -50,6 +50,10 @@ def test_tuple_plugins_get_the_stated_defaults():
     ("tests.plugins.broken:exits", "called sys.exit('the plug-in gave up') while building"),
     ("tests.plugins.broken:exits_hard", "called os._exit(0) while building"),
     ("tests.plugins.broken:exits_hard_in_its_batches", "called os._exit(3) while training one step: no data here"),
+    # parameters of another type would be made float32 by the runtime, and training fail on mixed types
+    ("tests.plugins.broken:bf16_model", "0.weight is bfloat16; the runtime trains float32 parameters"),
+    ("tests.plugins.broken:fp16_model", "0.weight is float16; the runtime trains float32 parameters"),
+    ("tests.plugins.broken:fp64_model", "0.weight is float64; the runtime trains float32 parameters"),
     ("tests.plugins.broken:batches_not_iterable", "batches(batch_size, seed) returned a int, not an iterable"),
     ("tests.plugins.parses_argv:build",
      "called sys.exit(2) while being imported: train.py: error: the following arguments are required: --data"),
