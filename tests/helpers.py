@@ -18,6 +18,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from tasks.core.lifeline import tied_to_this_process
+from tasks.core.processes import process_stats
 from tasks.core.profile import profile_from_dict
 from tasks.market.policies import Policy
 from tasks.providers.base import InstanceType
@@ -75,16 +76,7 @@ def prefect_servers_tied_to_this_process() -> Iterator[None]:
 
 def children_of(pid: int) -> list[int]:
     """The running processes whose parent is `pid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        state, parent = text[text.rindex(")") + 2:].split()[:2]
-        if int(parent) == pid and state not in "ZX":
-            found.append(int(stat.parent.name))
-    return found
+    return [p.pid for p in process_stats() if p.parent == pid and p.running]
 
 
 def alive_pids(artifacts: Path) -> list[int]:

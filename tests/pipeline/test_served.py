@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tasks.core.lifeline import tied_to_this_process
-from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids
+from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids, children_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -263,18 +263,6 @@ def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_
     finally:
         stop(worker)
         worker_log.close()
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(server_env, moto_endpoint, moto_amis,
