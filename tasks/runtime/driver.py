@@ -59,9 +59,16 @@ class TrainingRun:
         return self.reader.poll()
 
     def keep_lease(self) -> None:
-        if self.lease_s is not None and time.monotonic() - self.lease_renewed_s >= lease.RENEW_EVERY_S:
-            lease.renew(self.lease_place, self.lease_s)
-            self.lease_renewed_s = time.monotonic()
+        self.lease_renewed_s = kept_lease(self.lease_place, self.lease_s, self.lease_renewed_s)
+
+
+def kept_lease(place: Path | str, lease_s: float | None, renewed_s: float) -> float:
+    """Renew the lease at `place` if lease.RENEW_EVERY_S has passed since `renewed_s` (monotonic
+    s; no lease when lease_s is None); returns when it was renewed last."""
+    if lease_s is not None and time.monotonic() - renewed_s >= lease.RENEW_EVERY_S:
+        lease.renew(place, lease_s)
+        return time.monotonic()
+    return renewed_s
 
 
 def lease_place(run_dir: Path, durable_url: str | None) -> Path | str:
@@ -128,6 +135,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     (run_dir / STOP_FILE).unlink(missing_ok=True)
     if lease_s is not None:  # before the PS starts: it stops at once without a valid lease
         lease.renew(lease_place(run_dir, durable_url), lease_s)
+    renewed_s = time.monotonic()
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
@@ -153,13 +161,15 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             if time.monotonic() > deadline_s:
                 provider.terminate([i.instance_id for i in instances])
                 raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
+            # kept while the PS starts: a lease shorter than its start-up would stop it at version 0
+            renewed_s = kept_lease(lease_place(run_dir, durable_url), lease_s, renewed_s)
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
                     target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
-                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())
+                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=renewed_s)
 
 
 def attach_run(provider: Provider, run_id: str, run_dir: Path, ps_address: str, ps_instance_ids: list[str],
