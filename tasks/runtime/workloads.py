@@ -372,7 +372,7 @@ def _iterating(spec: str, batches: BatchSource) -> BatchSource:
         try:
             return iter(made)
         except TypeError:
-            raise UserInputError(f"workload {spec!r}: batches(batch_size, seed) returned a {type(made).__name__}, "
+            raise UserInputError(f"workload {spec!r}: batches(batch_size, seed) returned a value of type {type(made).__name__}, "
                                  "not an iterable of (inputs, targets) pairs") from None
 
     return iterating
@@ -457,6 +457,8 @@ def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:
     flat.bind(model)
     try:
         batch = next(iter(workload.batches(batch_size, 0)))
+    except UserInputError:  # what the batches are not (_iterating): said once, not wrapped in itself
+        raise
     except Exception as err:
         raise UserInputError(f"{where}: batches(batch_size, seed) failed: {type(err).__name__}: {err}") from None
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2
