@@ -159,7 +159,8 @@ class LocalProvider(Provider):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous = signal.getsignal(sig)
-                signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
+                if previous is not signal.SIG_IGN:  # ignored (a background job's SIGINT): it stops nothing
+                    signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
 
     # ------------------------------------------------------------ the table
 

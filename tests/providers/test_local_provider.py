@@ -209,3 +209,14 @@ def test_a_detached_instance_is_not_told_to_watch_its_starter(tmp_path, monkeypa
         assert "SPOTFILL_WATCH_PID" not in child_env(detached)
     finally:
         p.kill_all_started()
+
+
+def test_a_signal_the_process_ignores_stays_ignored(tmp_path):
+    """A command started with SIGINT ignored (a background job of a script) is not stopped by it:
+    the provider adds no handler that would stop its processes (and leave the command running)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        LocalProvider(tmp_path)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
