@@ -13,13 +13,14 @@ from the PS's telemetry (tasks.runtime.telemetry) while training runs.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks.core.errors import UserInputError
+from tasks.core.errors import UserInputError, shown
 from tasks.core.limits import ps_bind_address
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime import lease
@@ -60,6 +61,9 @@ class TrainingRun:
 
     def keep_lease(self) -> None:
         self.lease_renewed_s = kept_lease(self.lease_place, self.lease_s, self.lease_renewed_s)
+
+
+FULL_DISK_BYTES = 1 << 20  # less free than this under a run folder: a silent exit is put down to it
 
 
 def kept_lease(place: Path | str, lease_s: float | None, renewed_s: float) -> float:
@@ -250,10 +254,19 @@ def wait_for(run: TrainingRun, condition: Callable[[ClusterProgress], bool], tim
 
 
 def last_log_line(run_dir: Path, instance_id: str) -> str:
-    """"ID's log ends: LINE": what a process that exited said last (its error, usually)."""
+    """"ID's log ends: LINE": what a process that exited said last (its error, usually). A process
+    that could say nothing may have had no room to: a full disk under the run folder is named."""
     log = run_dir / "logs" / f"{instance_id}.log"
     lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
-    return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
+    if lines:
+        return f"{instance_id}'s log ends: {lines[-1][:200]}"
+    try:
+        free_bytes = shutil.disk_usage(run_dir).free
+    except OSError:
+        free_bytes = None
+    if free_bytes is not None and free_bytes < FULL_DISK_BYTES:
+        return f"{instance_id} left no log: the disk holding {shown(str(run_dir))} is full ({free_bytes} bytes free)"
+    return f"{instance_id} left no log"
 
 
 def ps_error(run_dir: Path, shard: int, instance_id: str) -> str:
