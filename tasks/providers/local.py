@@ -177,9 +177,15 @@ class LocalProvider(Provider):
                                  "cannot tell which processes that run started")
         return table
 
-    def _save(self, run_id: str, table: dict) -> None:
-        # Rewritten at every poll, and worth nothing after a power cut (its processes die too).
-        atomic_write_text(self.run_dir(run_id) / TABLE, json.dumps(table, indent=1), fsync=False)
+    def _save(self, run_id: str, table: dict, *, settled_only: bool = False) -> None:
+        """Rewritten at every poll, and worth nothing after a power cut (its processes die too).
+        `settled_only`: the change only records processes that have ended, which the next look
+        settles the same again, so a full disk does not stop it (nor the run's clean-up)."""
+        try:
+            atomic_write_text(self.run_dir(run_id) / TABLE, json.dumps(table, indent=1), fsync=False)
+        except OSError as err:
+            if not (settled_only and err.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
 
     def _alive(self, row: dict) -> bool:
         child = self._children.get(row["pid"])
@@ -336,7 +342,7 @@ class LocalProvider(Provider):
                         _kill_group(r["pid"], signal.SIGKILL)
                     self._reap(r["pid"])
                     r["state"] = "terminated"
-                self._save(run_id, table)
+                self._save(run_id, table, settled_only=True)
 
     def _runs(self) -> list[str]:
         if not self.artifacts_dir.is_dir():
@@ -347,11 +353,7 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             if self._settle(run_id, table):
-                try:
-                    self._save(run_id, table)
-                except OSError as err:  # a full disk: the next look settles the same again, and the
-                    if err.errno not in (errno.ENOSPC, errno.EDQUOT):  # run's own error is the news
-                        raise
+                self._save(run_id, table, settled_only=True)  # on a full disk the run's own error is the news
             return [self._instance(r) for r in table["instances"] if r["state"] != "terminated"]
 
     def poll_events(self, run_id: str) -> list[ProviderEvent]:
