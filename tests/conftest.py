@@ -16,7 +16,7 @@ os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["SPOTFILL_STATE_DIR"] = tempfile.mkdtemp(prefix="spotfill-state-")  # the run registry: not ~
 
-from tests.helpers import SHIPPED_PROFILE  # after PREFECT_HOME is set
+from tests.helpers import SHIPPED_PROFILE, prefect_servers_tied_to_this_process  # after PREFECT_HOME is set
 
 # How a process starts: subprocess (and asyncio's, os.popen), fork and spawn, multiprocessing.
 PROCESS_STARTS = ["subprocess.Popen.__init__", "os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp",
@@ -56,7 +56,7 @@ def unit_tests_start_no_process(request, monkeypatch):
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_servers_tied_to_this_process(), prefect_test_harness(server_startup_timeout=120):
         yield
 
 

@@ -2,16 +2,23 @@
 live in conftest.py). Test modules import from here, never from one another."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from tasks.core.lifeline import tied_to_this_process
+from tasks.core.processes import process_stats
 from tasks.core.profile import profile_from_dict
 from tasks.market.policies import Policy
 from tasks.providers.base import InstanceType
@@ -47,6 +54,29 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+@contextlib.contextmanager
+def prefect_servers_tied_to_this_process() -> Iterator[None]:
+    """Within the block, the API servers Prefect's test harness starts (SubprocessASGIServer) run
+    through tasks.core.lifeline: a test run killed part way (its shell gone, a SIGKILL) takes
+    them with it instead of leaving them running for good. Prefect's server module alone gets a
+    `subprocess` whose Popen ties what it starts; every other start is untouched."""
+    from prefect.server.api import server
+
+    class TiedPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            super().__init__(tied_to_this_process(list(args)), *rest, **kwargs)
+
+    tied = types.SimpleNamespace(**{**vars(subprocess), "Popen": TiedPopen})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server, "subprocess", tied)
+        yield
+
+
+def children_of(pid: int) -> list[int]:
+    """The running processes whose parent is `pid`."""
+    return [p.pid for p in process_stats() if p.parent == pid and p.running]
 
 
 def alive_pids(artifacts: Path) -> list[int]:

@@ -17,10 +17,10 @@ import signal
 import sys
 import threading
 import warnings
-from pathlib import Path
 
 from tasks.core.command_line import OneLineParser
 from tasks.core.errors import one_line
+from tasks.core.processes import process_stats
 
 
 # Each module defines `register(subparsers)`, adding one subcommand whose handler is set with
@@ -121,22 +121,16 @@ def end_stray_children() -> None:
     """SIGKILL every child of this process still running (each with its own process group when it
     has one): by the command's end, the children it meant to run have ended or been stopped."""
     me, my_group = os.getpid(), os.getpgrp()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        state, parent, group = text[text.rindex(")") + 2:].split()[:3]
-        if int(parent) != me or state in ("Z", "X"):
+    for child in process_stats():
+        if child.parent != me or not child.running:
             continue
         try:
-            if int(group) != my_group:
-                os.killpg(int(group), signal.SIGKILL)
+            if child.group != my_group:
+                os.killpg(child.group, signal.SIGKILL)
             else:
-                os.kill(int(stat.parent.name), signal.SIGKILL)
+                os.kill(child.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
 
 if __name__ == "__main__":
     entry()

@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from tasks.core.lifeline import tied_to_this_process
+
 STOP_GRACE_S = 3.0  # an ephemeral SQLite server: a quick SIGKILL loses nothing
 
 
@@ -74,9 +76,8 @@ def temporary_server(log_path: Path, startup_timeout_s: float = 180.0) -> Iterat
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    argv = [sys.executable, "-m", "tasks.core.lifeline", str(os.getpid()), "--",
-            sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    argv = tied_to_this_process([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

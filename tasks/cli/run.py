@@ -190,6 +190,7 @@ def check_request(request) -> None:
     from tasks.providers.local import default_types
     from tasks.runtime.workloads import check_workload  # deferred: torch (start-up cost)
 
+    limits.ps_bind_address()  # each PS listens there: refused now, not by every PS after it started
     setup = resolve_setup(request)  # what the flow resolves again at its start, less the provider
     if request.profile is not None:
         check_first_plan(setup)

@@ -156,10 +156,12 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict,
 
         driver.wait_for(run, done, timeout_s=args.timeout_s + 60)
         bar.close()
-        failure = ended.get("error") or driver.ps_failure(run)  # it stopped as failed: wait_for saw that first
+        final = driver.stop_run(run)  # by the STOP file, unless the PS has stopped by itself
+        # asked once the PS is gone: it may have stopped as failed while wait_for saw something
+        # else first (its workers, sent away by a PS that was failing on a full disk)
+        failure = ended.get("error") or driver.ps_failure(run)
         if failure:
             ended["why"], ended["error"] = "ps_failed", failure
-        final = driver.stop_run(run)  # by the STOP file, unless the PS has stopped by itself
     finally:
         provider.cleanup(run_id)
     # the PS's own reason (its workers may have left because of it), else why this command stopped it

@@ -12,8 +12,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from tasks.core.errors import UserInputError
+from tasks.core.errors import UserInputError, shown
 from tasks.core.inputs import read_json, read_text
+from tasks.core.limits import strict_float
 from tasks.core.profile import TYPE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +35,16 @@ MAX_PRICE_USD_PER_H = 1e6  # the dearest EC2 type costs about $100/h; more is a 
 
 
 def _price(value) -> float | None:
-    """A positive price of at most MAX_PRICE_USD_PER_H, else None (no price)."""
-    try:
+    """A positive price of at most MAX_PRICE_USD_PER_H, else None (no price): a JSON number, or
+    text read by core's strict parser. `true` is no price of $1.00, nor `1_0` one of $10."""
+    if isinstance(value, str):
+        try:
+            v = strict_float(value)
+        except UserInputError:
+            return None
+    elif type(value) in (int, float):
         v = float(value)
-    except (TypeError, ValueError):
+    else:
         return None
     return v if 0 < v <= MAX_PRICE_USD_PER_H else None
 
@@ -48,7 +55,7 @@ def _listed_price(value, where: str) -> float | None:
         return None
     price = _price(value)
     if price is None:
-        raise UserInputError(f"{where} is {value!r}, not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g}; null: none)")
+        raise UserInputError(f"{where} is {shown(repr(value))}, not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g}; null: none)")
     return price
 
 
@@ -67,7 +74,7 @@ def spot_history_stats(tsv_path: Path) -> dict[str, dict[str, dict[str, float]]]
         az_id, itype, _, price, ts = row
         value = _price(price)
         if value is None:
-            raise UserInputError(f"{tsv_path}:{line}: price {price!r} is not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g})")
+            raise UserInputError(f"{shown(tsv_path)}:{line}: price '{shown(price)}' is not a price (0 < USD/h <= {MAX_PRICE_USD_PER_H:g})")
         by_type_az[(itype, az_id)].append((ts, value))
     if not by_type_az:
         raise UserInputError(f"{tsv_path} has no Linux/UNIX price row of 5 tab-separated columns "

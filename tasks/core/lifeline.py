@@ -1,5 +1,6 @@
-"""`python -m tasks.core.lifeline PARENT_PID -- COMMAND ...`: become COMMAND (exec, same pid), set to
-die when PARENT_PID dies, even by SIGKILL, which leaves the parent no chance to clean up.
+"""`python -m tasks.core.lifeline PARENT_PID -- COMMAND ...`, or tied_to_this_process(COMMAND): become
+COMMAND (exec, same pid), set to die when PARENT_PID dies, even by SIGKILL, which leaves the parent
+no chance to clean up.
 
 On Linux the kernel does it: prctl(PR_SET_PDEATHSIG, SIGKILL) survives the exec. Should the parent
 have died before the call, our parent is already someone else, and we stop at once. Elsewhere the
@@ -21,6 +22,15 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def tied_to_this_process(argv: list[str]) -> list[str]:
+    """`argv` started through this module, so that it dies with the process that starts it: a
+    server a command or a test starts must not outlive it. The module runs by its path (`-P`: its
+    folder is not put on sys.path), so the command needs neither this repository on its path nor
+    a particular working folder. The kernel watches the thread that starts it: start it from one
+    that lives as long as the process (the main thread)."""
+    return [sys.executable, "-P", os.path.abspath(__file__), str(os.getpid()), "--", *argv]
 
 
 def main(argv: list[str]) -> int:

@@ -5,13 +5,14 @@ every entry point refuses the same input in the same words. No argparse here: th
 these checks (tasks.core.command_line.arg_type)."""
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tasks.core.errors import UserInputError
+from tasks.core.errors import UserInputError, shown
 
 # Counts and quotas above this are almost surely a typo (and beyond int64 they crash numpy); a user
 # who means them raises the limit knowingly with SPOTFILL_MAX_COUNT.
@@ -201,7 +202,7 @@ def identifier(text: str) -> str:
 
 def _check_name_lengths(path: Path) -> None:
     if len(os.fsencode(str(path))) >= 4096 or any(len(os.fsencode(p)) > 255 for p in path.parts):
-        raise UserInputError(f"path too long: {str(path)[:80]}...")
+        raise UserInputError(f"path too long: {shown(path, 80)}")
 
 
 def _first_existing(path: Path) -> Path:
@@ -210,15 +211,15 @@ def _first_existing(path: Path) -> Path:
         if candidate.exists():
             return candidate
         if candidate.is_symlink():  # a dangling link: writing would follow it
-            raise UserInputError(f"{candidate} is a dangling symbolic link")
+            raise UserInputError(f"{shown(candidate)} is a dangling symbolic link")
     return Path.cwd()
 
 
 def _check_writable_dir(existing: Path, target: Path) -> None:
     if not existing.is_dir():
-        raise UserInputError(f"cannot write {target}: {existing} is not a folder")
+        raise UserInputError(f"cannot write {shown(target)}: {shown(existing)} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserInputError(f"cannot write {target}: {existing} is read-only")
+        raise UserInputError(f"cannot write {shown(target)}: {shown(existing)} is read-only")
 
 
 def output_file(text: str) -> Path:
@@ -228,13 +229,13 @@ def output_file(text: str) -> Path:
         raise UserInputError("empty output path")
     _check_name_lengths(path)
     if path.is_dir():
-        raise UserInputError(f"{text} is a folder, not a file")
+        raise UserInputError(f"{shown(text)} is a folder, not a file")
     if path.is_symlink() or (path.exists() and not path.is_file()):
         # the write replaces the path with a new file: a device or a link would be replaced, not written
-        raise UserInputError(f"{text} is not a regular file (a link or a device); name a file")
+        raise UserInputError(f"{shown(text)} is not a regular file (a link or a device); name a file")
     if path.exists():
         if not os.access(path, os.W_OK):
-            raise UserInputError(f"{text} is read-only")
+            raise UserInputError(f"{shown(text)} is read-only")
         return path
     _check_writable_dir(_first_existing(path.parent), path)
     return path
@@ -253,6 +254,20 @@ def output_dir(text: str) -> Path:
 def file_stem(name: str) -> str:
     """`name` made safe as part of a file name (a profile's workload may be `../../x` or `a:b`)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:64] or "unnamed"
+
+
+PS_BIND_ENV = "SPOTFILL_PS_BIND"  # the address a parameter server listens on (AWS: 0.0.0.0)
+
+
+def ps_bind_address() -> str:
+    """$SPOTFILL_PS_BIND, else 127.0.0.1: an IPv4 or IPv6 address, checked where it is read and
+    before anything launches, not by each PS failing to listen after it started."""
+    text = os.environ.get(PS_BIND_ENV) or "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise UserInputError(f"{PS_BIND_ENV}='{shown(text, 60)}' is not an IP address "
+                             "(such as 127.0.0.1, 0.0.0.0 or ::)") from None
 
 
 def endpoint_url(text: str) -> str:

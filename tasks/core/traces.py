@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.core.errors import UserInputError
+from tasks.core.errors import UserInputError, shown
 from tasks.core.inputs import read_text
-from tasks.core.limits import MAX_DURATION_S
+from tasks.core.limits import MAX_DURATION_S, strict_float, strict_int
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE_DIR = REPO / "profiles" / "traces"
@@ -49,7 +49,7 @@ def trace_path(name: str) -> Path:
         return path
     shipped = (TRACE_DIR / name).resolve()
     if shipped.parent != TRACE_DIR.resolve():
-        raise UserInputError(f"trace {name!r} is neither a file nor a trace name under profiles/traces/")
+        raise UserInputError(f"trace '{shown(name)}' is neither a file nor a trace name under profiles/traces/")
     return shipped
 
 
@@ -66,10 +66,12 @@ def family_of(type_or_trace: str) -> str:
 
 
 def _number(text: str, where: str) -> float:
+    """A timestamp read by core's strict parser: `1_000` or `١٢` is a typo or another script's
+    digits, not 1000 or 12."""
     try:
-        value = float(text)
-    except ValueError:
-        raise UserInputError(f"{where}: timestamp is not a number: {text!r}") from None
+        value = strict_float(text)
+    except UserInputError:
+        raise UserInputError(f"{where}: timestamp is not a number: {shown(text)}") from None
     if not np.isfinite(value):
         raise UserInputError(f"{where}: timestamp is not finite: {text!r}")
     if value < 0:
@@ -90,14 +92,14 @@ def _from_steps(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     fracs: list[float] = []
     live_prev, t_prev, inst_s, revocations, live_from_s = None, 0.0, 0.0, 0, None
     for line_no, row in enumerate(rows, 1):
-        where = f"{path}:{line_no}"
+        where = f"{shown(path)}:{line_no}"
         t = _number(row[0], where) * unit_s
         if t > MAX_DURATION_S:  # a typo (or, with a dot, hours overflowing)
             raise UserInputError(f"{where}: timestamp {row[0]} is more than ten years{' (in hours: it has a dot)' if unit_s > 1 else ''}")
         try:
-            live = int(row[1])
-        except ValueError:
-            raise UserInputError(f"{where}: live instance count is not an integer: {row[1]!r}") from None
+            live = strict_int(row[1])
+        except UserInputError:
+            raise UserInputError(f"{where}: live instance count is not an integer: {shown(row[1])}") from None
         if live < 0:
             raise UserInputError(f"{where}: negative live instance count {live}")
         times.append(t)
@@ -123,7 +125,7 @@ def _from_nodes(path: Path, rows: list[list[str]]) -> tuple[list[float], list[fl
     live_before: list[int] = []
     t_prev, inst_s = 0.0, 0.0
     for line_no, row in enumerate(rows, 1):
-        where = f"{path}:{line_no}"
+        where = f"{shown(path)}:{line_no}"
         t = _number(row[0], where) / 1000.0
         if t > MAX_DURATION_S:
             raise UserInputError(f"{where}: timestamp {row[0]} ms is more than ten years")
@@ -156,7 +158,7 @@ def load_trace(path: str | Path) -> Trace:
     text = read_text(path, "trace")
     rows = [[c.strip() for c in r] for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
     if not rows:
-        raise UserInputError(f"{path}: trace has no events")
+        raise UserInputError(f"{shown(path)}: trace has no events")
     widths = {len(r) for r in rows}
     if widths == {2}:
         parse = _from_steps
@@ -164,14 +166,14 @@ def load_trace(path: str | Path) -> Trace:
         parse = _from_nodes
     else:
         bad = next(i for i, r in enumerate(rows, 1) if len(r) != len(rows[0]) or len(r) not in (2, 3))
-        raise UserInputError(f"{path}:{bad}: unknown trace format (expected `seconds,live_instances` "
+        raise UserInputError(f"{shown(path)}:{bad}: unknown trace format (expected `seconds,live_instances` "
                              f"or `milliseconds,add|remove,node_id`)")
     events, fracs, live_from_s, duration_s, revocations, inst_h = parse(path, rows)
     if duration_s - live_from_s < MIN_TRACE_S:
-        raise UserInputError(f"{path}: the trace spans {duration_s - live_from_s:.3g} s with instances live; "
+        raise UserInputError(f"{shown(path)}: the trace spans {duration_s - live_from_s:.3g} s with instances live; "
                              f"one that says something about revocations spans at least {MIN_TRACE_S:g} s")
     if inst_h <= 0:
-        raise UserInputError(f"{path}: no instance is ever live, so the trace says nothing about revocations")
+        raise UserInputError(f"{shown(path)}: no instance is ever live, so the trace says nothing about revocations")
     return Trace(path.stem, family_of(path.stem), live_from_s, duration_s, np.array(events), np.array(fracs),
                  revocations, inst_h)
 

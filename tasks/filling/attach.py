@@ -65,11 +65,11 @@ class FillConfig(BaseModel):
     seed: int = Field(0, ge=0, le=MAX_SEED)  # numpy's seed range: a negative one fails only once running
 
 
-def parse_fill_config(data: dict) -> FillConfig:
+def parse_fill_config(data: dict, source: str = "fill config") -> FillConfig:
     try:
         return FillConfig(**data)
     except ValidationError as err:
-        raise UserInputError(format_validation_error(err, "fill config")) from None
+        raise UserInputError(format_validation_error(err, source)) from None
 
 
 def available_memory_mb(config: FillConfig) -> float:
@@ -170,12 +170,13 @@ def worker_fill_config(config: FillConfig | dict) -> FillConfig:
     if isinstance(config, FillConfig):
         config = config.model_dump()
     extra = os.environ.get(CONFIG_ENV)
-    if extra:
-        data = loads_json(extra, CONFIG_ENV)  # strictly: a key given twice, NaN, an int past int64 refused
-        if not isinstance(data, dict):
-            raise UserInputError(f"{CONFIG_ENV}: expected a JSON object")
-        config = {**config, **data}
-    return parse_fill_config(config)
+    if not extra:
+        return parse_fill_config(config)
+    data = loads_json(extra, CONFIG_ENV)  # strictly: a key given twice, NaN, an int past int64 refused
+    if not isinstance(data, dict):
+        raise UserInputError(f"{CONFIG_ENV}: expected a JSON object")
+    # a user's own fields come from the variable: the error names it
+    return parse_fill_config({**config, **data}, f"fill config from {CONFIG_ENV}")
 
 
 def build_worker_filler(config: FillConfig | dict):

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.catalog import SOURCES
+from tasks.core.errors import UserInputError, shown
+from tasks.core.limits import positive_float
 
 PRICE_HISTORY = SOURCES / "spot-prices-gpu-2022-05-31.tsv"
 # The archive names zones by AZ id (use1-az2); these prefixes are the region's.
@@ -27,9 +29,12 @@ def zone_prices_usd_per_h(region: str, path: Path = PRICE_HISTORY) -> dict[str, 
         return {}
     samples: dict[tuple[str, str], list[float]] = defaultdict(list)
     with path.open() as f:
-        for row in csv.reader(f, delimiter="\t"):
+        for line, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             if len(row) == 5 and row[2] == "Linux/UNIX" and row[0].startswith(prefix):
-                samples[(row[1], row[0])].append(float(row[3]))
+                try:
+                    samples[(row[1], row[0])].append(positive_float(row[3]))
+                except UserInputError as err:
+                    raise UserInputError(f"{shown(path)}:{line}: price {err}") from None
     out: dict[str, list[float]] = defaultdict(list)
     for (itype, _), prices in sorted(samples.items()):
         out[itype].append(float(np.mean(prices)))

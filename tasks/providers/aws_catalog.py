@@ -14,7 +14,6 @@ prices are a constant placeholder.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -23,6 +22,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tasks.core.catalog import CATALOG, SOURCES, load_catalog, network_mbps
+from tasks.core.errors import UserInputError, shown
+from tasks.core.inputs import read_json, read_text
+from tasks.core.limits import positive_float
 from tasks.providers.base import InstanceType
 
 LINUX_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -162,21 +164,30 @@ def read_price_archive(path: Path, zone_names_by_id: dict[str, str]) -> list[Pri
     """Linux rows of a spot price archive TSV (az_id, type, product, price, timestamp; '#' lines
     are comments), keeping the AZs this account has in the region, keyed by AZ name."""
     records = []
-    for line in Path(path).read_text().splitlines():
+    for number, line in enumerate(read_text(path, "spot price archive").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         az_id, itype, product, price, stamp = line.split("\t")
         if product not in LINUX_PRODUCTS or az_id not in zone_names_by_id:
             continue
-        records.append(PriceRecord(itype, zone_names_by_id[az_id], float(price), datetime.fromisoformat(stamp)))
+        try:
+            usd_per_h = positive_float(price)
+        except UserInputError as err:
+            raise UserInputError(f"{shown(path)}:{number}: price {err}") from None
+        records.append(PriceRecord(itype, zone_names_by_id[az_id], usd_per_h, datetime.fromisoformat(stamp)))
     return records
 
 
 def load_interruption_bands(path: Path, region: str) -> dict[str, int]:
     """Spot Advisor interruption band (0: <5% .. 4: >20% of instances a month) per Linux type."""
-    feed = json.loads(Path(path).read_text())
+    feed = read_json(path, "spot advisor feed")
     linux = feed.get("spot_advisor", {}).get(region, {}).get("Linux", {})
-    return {itype: int(entry["r"]) for itype, entry in linux.items()}
+    bands = {itype: entry["r"] for itype, entry in linux.items()}
+    for itype, band in bands.items():
+        if type(band) is not int or not 0 <= band <= 4:  # `true` is no band 1, nor 2.7 band 2
+            raise UserInputError(f"{shown(path)}: {shown(itype)} in {region} has interruption band {shown(repr(band))}, "
+                                 "not one of 0..4")
+    return bands
 
 
 def load_on_demand_prices(path: Path, region: str) -> dict[str, float]:

@@ -13,7 +13,8 @@ and, if set, SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
-SIGTERM/SIGINT; should it be killed outright (SIGKILL), the PS and workers see that the pid in
+SIGTERM/SIGINT (those after a SIGTERM and up to terminate_grace_s to leave: a PS writes its final
+checkpoint); should it be killed outright (SIGKILL), the PS and workers see that the pid in
 SPOTFILL_WATCH_PID is gone and stop by themselves. A detached Startup gets no SPOTFILL_WATCH_PID:
 its run's lease ends it instead (tasks/runtime/lease.py), so it trains on while no one watches.
 
@@ -153,11 +154,13 @@ class LocalProvider(Provider):
         self._timers: list[threading.Timer] = []
         self._first_notices: dict[str, threading.Event] = {}  # run id -> set at its first revocation notice
         self._stop_replays = threading.Event()
+        self._stopping = False  # stop_all_started under way
         atexit.register(self.kill_all_started)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous = signal.getsignal(sig)
-                signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
+                if previous is not signal.SIG_IGN:  # ignored (a background job's SIGINT): it stops nothing
+                    signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
 
     # ------------------------------------------------------------ the table
 
@@ -174,9 +177,15 @@ class LocalProvider(Provider):
                                  "cannot tell which processes that run started")
         return table
 
-    def _save(self, run_id: str, table: dict) -> None:
-        # Rewritten at every poll, and worth nothing after a power cut (its processes die too).
-        atomic_write_text(self.run_dir(run_id) / TABLE, json.dumps(table, indent=1), fsync=False)
+    def _save(self, run_id: str, table: dict, *, settled_only: bool = False) -> None:
+        """Rewritten at every poll, and worth nothing after a power cut (its processes die too).
+        `settled_only`: the change only records processes that have ended, which the next look
+        settles the same again, so a full disk does not stop it (nor the run's clean-up)."""
+        try:
+            atomic_write_text(self.run_dir(run_id) / TABLE, json.dumps(table, indent=1), fsync=False)
+        except OSError as err:
+            if not (settled_only and err.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
 
     def _alive(self, row: dict) -> bool:
         child = self._children.get(row["pid"])
@@ -333,7 +342,7 @@ class LocalProvider(Provider):
                         _kill_group(r["pid"], signal.SIGKILL)
                     self._reap(r["pid"])
                     r["state"] = "terminated"
-                self._save(run_id, table)
+                self._save(run_id, table, settled_only=True)
 
     def _runs(self) -> list[str]:
         if not self.artifacts_dir.is_dir():
@@ -344,11 +353,7 @@ class LocalProvider(Provider):
         with self._lock:
             table = self._load(run_id)
             if self._settle(run_id, table):
-                try:
-                    self._save(run_id, table)
-                except OSError as err:  # a full disk: the next look settles the same again, and the
-                    if err.errno not in (errno.ENOSPC, errno.EDQUOT):  # run's own error is the news
-                        raise
+                self._save(run_id, table, settled_only=True)  # on a full disk the run's own error is the news
             return [self._instance(r) for r in table["instances"] if r["state"] != "terminated"]
 
     def poll_events(self, run_id: str) -> list[ProviderEvent]:
@@ -446,8 +451,26 @@ class LocalProvider(Provider):
             _kill_group(pid, signal.SIGKILL)  # also what the instance started, if its leader is gone
             self._reap(pid)
 
-    def _on_signal(self, signum, frame, previous) -> None:
+    def stop_all_started(self) -> None:
+        """SIGTERM every process group this provider object started, then kill_all_started once
+        their leaders have exited or terminate_grace_s has passed: a PS told so writes a final
+        checkpoint (a run resumed by its id loses nothing), a worker finishes its step and leaves.
+        Asked again meanwhile (a second Ctrl-C), it kills at once."""
+        if self._stopping:
+            self.kill_all_started()
+            return
+        self._stopping = True
+        children = list(self._children.values())
+        for child in children:
+            if child.poll() is None:
+                _kill_group(child.pid, signal.SIGTERM)
+        deadline_s = time.monotonic() + self.terminate_grace_s
+        while time.monotonic() < deadline_s and any(child.poll() is None for child in children):
+            time.sleep(0.05)
         self.kill_all_started()
+
+    def _on_signal(self, signum, frame, previous) -> None:
+        self.stop_all_started()
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:

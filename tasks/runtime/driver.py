@@ -13,13 +13,15 @@ from the PS's telemetry (tasks.runtime.telemetry) while training runs.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks.core.errors import UserInputError
+from tasks.core.errors import UserInputError, shown
+from tasks.core.limits import ps_bind_address
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
@@ -58,9 +60,19 @@ class TrainingRun:
         return self.reader.poll()
 
     def keep_lease(self) -> None:
-        if self.lease_s is not None and time.monotonic() - self.lease_renewed_s >= lease.RENEW_EVERY_S:
-            lease.renew(self.lease_place, self.lease_s)
-            self.lease_renewed_s = time.monotonic()
+        self.lease_renewed_s = kept_lease(self.lease_place, self.lease_s, self.lease_renewed_s)
+
+
+FULL_DISK_BYTES = 1 << 20  # less free than this under a run folder: a silent exit is put down to it
+
+
+def kept_lease(place: Path | str, lease_s: float | None, renewed_s: float) -> float:
+    """Renew the lease at `place` if lease.RENEW_EVERY_S has passed since `renewed_s` (monotonic
+    s; no lease when lease_s is None); returns when it was renewed last."""
+    if lease_s is not None and time.monotonic() - renewed_s >= lease.RENEW_EVERY_S:
+        lease.renew(place, lease_s)
+        return time.monotonic()
+    return renewed_s
 
 
 def lease_place(run_dir: Path, durable_url: str | None) -> Path | str:
@@ -113,6 +125,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     (s3://BUCKET/PREFIX) the PS copies its checkpoints there and a restarted one starts from them
     (durable.py)."""
     workload_options = workload_options or {}
+    ps_bind_address()  # the address each PS will listen on
     check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
@@ -126,6 +139,7 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     (run_dir / STOP_FILE).unlink(missing_ok=True)
     if lease_s is not None:  # before the PS starts: it stops at once without a valid lease
         lease.renew(lease_place(run_dir, durable_url), lease_s)
+    renewed_s = time.monotonic()
     ports = ports or ([port] if port else []) + [free_port() for _ in range(num_ps - (1 if port else 0))]
     ps_type = ps_type or provider.list_types()[0].name
     instances = []
@@ -151,13 +165,15 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             if time.monotonic() > deadline_s:
                 provider.terminate([i.instance_id for i in instances])
                 raise TimeoutError(f"the parameter server did not listen within {ready_timeout_s:g} s")
+            # kept while the PS starts: a lease shorter than its start-up would stop it at version 0
+            renewed_s = kept_lease(lease_place(run_dir, durable_url), lease_s, renewed_s)
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
                     target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
-                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=time.monotonic())
+                       ps_instances=instances, lease_s=lease_s, lease_renewed_s=renewed_s)
 
 
 def attach_run(provider: Provider, run_id: str, run_dir: Path, ps_address: str, ps_instance_ids: list[str],
@@ -238,10 +254,19 @@ def wait_for(run: TrainingRun, condition: Callable[[ClusterProgress], bool], tim
 
 
 def last_log_line(run_dir: Path, instance_id: str) -> str:
-    """"ID's log ends: LINE": what a process that exited said last (its error, usually)."""
+    """"ID's log ends: LINE": what a process that exited said last (its error, usually). A process
+    that could say nothing may have had no room to: a full disk under the run folder is named."""
     log = run_dir / "logs" / f"{instance_id}.log"
     lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
-    return f"{instance_id}'s log ends: {lines[-1][:200]}" if lines else f"{instance_id} left no log"
+    if lines:
+        return f"{instance_id}'s log ends: {lines[-1][:200]}"
+    try:
+        free_bytes = shutil.disk_usage(run_dir).free
+    except OSError:
+        free_bytes = None
+    if free_bytes is not None and free_bytes < FULL_DISK_BYTES:
+        return f"{instance_id} left no log: the disk holding {shown(str(run_dir))} is full ({free_bytes} bytes free)"
+    return f"{instance_id} left no log"
 
 
 def ps_error(run_dir: Path, shard: int, instance_id: str) -> str:

@@ -22,7 +22,9 @@ budget (max_updates), a target smoothed loss, a pushed loss that is NaN or infin
 <run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease, tasks/runtime/lease.py: no
 orchestrator renewed it in time), or, for a run without a lease, when the process given by
 --watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
-each worker to stop at its next exchange and writes a final checkpoint.
+each worker to stop at its next exchange and writes a final checkpoint. However it ends, it ends
+what else its session runs (a plug-in's helper process: tasks/core/processes.py), also when no
+orchestrator is left to do it.
 
 Run: python -m tasks.runtime.ps --run-dir DIR --port P --workload W [options]
 When it listens it writes <run_dir>/ps.json ({"address", "pid", "version"}) atomically.
@@ -48,6 +50,7 @@ from tasks.core import limits
 from tasks.core.atomic import atomic_write_text
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
+from tasks.core.processes import exit_now, run_then_exit
 from tasks.runtime import checkpoint, flat, wire
 from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
@@ -569,11 +572,11 @@ def main(argv: list[str] | None = None) -> int:
     if server.error:
         sys.stderr.write(f"spotfill ps: error: {server.error}\n")
         sys.stderr.flush()
-        os._exit(1)
+        exit_now(1)
     sys.stderr.write(f"spotfill ps: stopped ({reason}) at version {server.version}\n")
     sys.stdout.flush()
-    os._exit(0)  # handler threads may still sit in a gloo recv from a silent worker
+    exit_now(0)  # handler threads may still sit in a gloo recv from a silent worker
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_then_exit(main)  # however main ends: a plug-in's thread or helper process does not outlive it

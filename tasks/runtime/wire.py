@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import socket
 import time
 
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
+from tasks.core.limits import ps_bind_address
 from tasks.runtime import flat
 
 HEADER_LEN = 12
@@ -91,7 +91,7 @@ class Link:
 def host_store(port: int, timeout_s: float) -> TCPStore:
     """The PS's store at `port`, on the address in SPOTFILL_PS_BIND: 127.0.0.1 unless a provider
     whose workers are other machines sets it (AWS: 0.0.0.0, behind the run's security group)."""
-    fd = socket.create_server((os.environ.get("SPOTFILL_PS_BIND", "127.0.0.1"), port)).detach()
+    fd = socket.create_server((ps_bind_address(), port)).detach()
     return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=fd,
                     timeout=datetime.timedelta(seconds=timeout_s))
 

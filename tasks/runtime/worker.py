@@ -16,7 +16,8 @@ Leaving: when the notice file appears (a revocation notice) or on SIGTERM/SIGINT
 finishes its current iteration (its gradient is pushed and counted), tells the PS it leaves, and
 exits 0. When the PS connection breaks, it rejoins under a fresh id for up to
 `reconnect_timeout_s` (a PS restart), then gives up with exit 1. An unreachable PS at start or bad
-input is one line on stderr and exit 2.
+input is one line on stderr and exit 2. However it exits, it ends what else its session runs (a
+plug-in's helper process: tasks/core/processes.py), also when no orchestrator is left to do it.
 
 Run: python -m tasks.runtime.worker --ps HOST:PORT --workload W --batch-size B [options]
 The local provider passes instance facts in the environment: SPOTFILL_INSTANCE_ID,
@@ -42,6 +43,7 @@ import torch
 from tasks.core import limits
 from tasks.core.command_line import OneLineParser, arg_type
 from tasks.core.errors import UserInputError
+from tasks.core.processes import exit_now, run_then_exit
 from tasks.core.phases import NoListener, PhaseListener
 from tasks.filling.attach import InstanceFiller, ReportingFiller, build_worker_filler, check_memory_fits, worker_fill_config
 from tasks.filling.executor import training_stream_scope
@@ -599,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.write(f"spotfill worker: left ({result.reason}) after {result.steps} steps, "
                      f"{result.samples_accepted} samples accepted\n")
     sys.stdout.flush()
-    os._exit(0)  # skip gloo teardown, which can wait on a peer that already went
+    exit_now(0)  # skip gloo teardown, which can wait on a peer that already went
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_then_exit(main)  # however main ends: a plug-in's thread or helper process does not outlive it

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import math
 import os
@@ -32,9 +33,11 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from tasks.core.errors import UserInputError, one_line
+from tasks.core.errors import UserInputError, one_line, shown
+from tasks.core.hard_exit import HardExit, hard_exit_raised
 from tasks.core.limits import DEFAULT_MAX_PARAMS, env_limit
 from tasks.core.thread_output import captured_output
+from tasks.runtime import flat
 from tasks.runtime.evaluation import TargetMetric, check_target_metric, evaluate_model
 
 OPTIMIZERS = ("sgd", "adam")
@@ -277,14 +280,16 @@ def plugin_code(spec: str, doing: str):
     JSON object; captured for this thread only, so plug-ins built in threads at once leave the
     process's streams alone: tasks/core/thread_output.py), and a sys.exit() inside it (an argparse
     at import, say) is its failure, not this process's: one line that ends with the last line the plug-in printed (argparse's complaint),
-    not its usage text before ours."""
+    not its usage text before ours. An os._exit() inside it is its failure too (tasks/core/hard_exit.py),
+    not the end of this process with no word and perhaps status 0."""
     try:
-        with captured_output() as printed:
+        with captured_output() as printed, hard_exit_raised():
             yield
-    except SystemExit as err:
+    except (SystemExit, HardExit) as err:
         said = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
-        raise UserInputError(f"workload plug-in {spec!r} called sys.exit({err.code!r}) while {doing}"
-                             + (f": {said[-1][:200]}" if said else "")) from None
+        called = f"os._exit({err.status!r})" if isinstance(err, HardExit) else f"sys.exit({err.code!r})"
+        raise UserInputError(f"workload plug-in {spec!r} called {called} while {doing}"
+                             + (f": {shown(said[-1], 200)}" if said else "")) from None
     except BaseException:
         sys.stderr.write(printed.getvalue())
         raise
@@ -348,12 +353,29 @@ def build_workload(spec: str, options: dict | None = None) -> Workload:
     for what, value in [("batches", built.batches), ("loss_fn", built.loss_fn), *optional]:
         if not callable(value):
             raise UserInputError(f"workload {spec!r}: {what} is a {type(value).__name__}, not callable")
+    built.batches = _iterating(spec, built.batches)
     if built.optimizer not in OPTIMIZERS:
         raise UserInputError(f"workload {spec!r}: optimizer {built.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     if not (built.base_lr > 0 and built.base_batch > 0):
         raise UserInputError(f"workload {spec!r}: base_lr and base_batch must be positive "
                              f"(got {built.base_lr}, {built.base_batch})")
     return built
+
+
+def _iterating(spec: str, batches: BatchSource) -> BatchSource:
+    """`batches` whose every result is an iterator: a plug-in may return any iterable (a list, a
+    DataLoader), and each consumer (the one-step check, profiling, the worker) calls next() on it;
+    what is not iterable is one line naming the workload."""
+    @functools.wraps(batches)
+    def iterating(batch_size: int, seed: int) -> Iterator[Batch]:
+        made = batches(batch_size, seed)
+        try:
+            return iter(made)
+        except TypeError:
+            raise UserInputError(f"workload {spec!r}: batches(batch_size, seed) returned a value of type {type(made).__name__}, "
+                                 "not an iterable of (inputs, targets) pairs") from None
+
+    return iterating
 
 
 def check_workload(spec: str, options: dict | None = None, batch_size: int = 2,
@@ -416,11 +438,27 @@ def _check_size(spec: str, options: dict) -> None:
                              f"limit of {limit} (set SPOTFILL_MAX_PARAMS to raise it)")
 
 
+def _check_float32(where: str, model: nn.Module) -> None:
+    """The runtime keeps a model's parameters and floating-point buffers in one float32 vector
+    (flat.py; the wire's type): a bfloat16 or float64 one would be turned into float32 there and
+    the first step of training would then fail on mixed types."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            raise UserInputError(f"{where}: {name} is {str(tensor.dtype).removeprefix('torch.')}; the runtime trains "
+                                 "float32 parameters and buffers: build the model in float32 (torch.autocast "
+                                 "gives lower-precision compute)")
+
+
 def _one_step(spec: str, workload: Workload, batch_size: int) -> Workload:
+    """One step of the model as a worker holds it: bound into the flat float32 vector (flat.py)."""
     model = copy.deepcopy(workload.model)
     where = f"workload {spec!r}"
+    _check_float32(where, model)
+    flat.bind(model)
     try:
         batch = next(iter(workload.batches(batch_size, 0)))
+    except UserInputError:  # what the batches are not (_iterating): said once, not wrapped in itself
+        raise
     except Exception as err:
         raise UserInputError(f"{where}: batches(batch_size, seed) failed: {type(err).__name__}: {err}") from None
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2

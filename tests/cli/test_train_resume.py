@@ -34,11 +34,15 @@ def _wait_for(condition, what: str, timeout_s: float = 300) -> None:
         time.sleep(0.2)
 
 
-def _totals(telemetry, kind: str) -> list[int]:
-    """updates_total of each `kind` record so far (a half-written last line is not read)."""
+def _records(telemetry) -> list[dict]:
+    """The telemetry's records so far (a half-written last line is not read)."""
     lines = telemetry.read_text().splitlines(keepends=True) if telemetry.exists() else []
-    records = [json.loads(line) for line in lines if line.endswith("\n")]
-    return [r["updates_total"] for r in records if r.get("kind") == kind]
+    return [json.loads(line) for line in lines if line.endswith("\n")]
+
+
+def _totals(telemetry, kind: str) -> list[int]:
+    """updates_total of each `kind` record so far."""
+    return [r["updates_total"] for r in _records(telemetry) if r.get("kind") == kind]
 
 
 @pytest.mark.parametrize("end", ["sigkill", "ctrl-c"])
@@ -64,6 +68,11 @@ def test_a_run_ended_part_way_resumes_by_its_id(tmp_path, end):
     assert "stopped by timeout" in again.stdout
     (resumed,) = _totals(run_dir / "telemetry.jsonl", "resume")
     assert resumed > 0
+    # the first PS stopped (Ctrl-C: told by the command; SIGKILL: its watch saw the command gone),
+    # not killed: its final checkpoint holds every update it applied, and the resume starts there
+    (stop,) = [r for r in _records(run_dir / "telemetry.jsonl") if r["kind"] == "stop"][:1]
+    assert stop["reason"] == {"sigkill": "orchestrator_gone", "ctrl-c": "signal"}[end]
+    assert resumed == stop["updates_total"]
     assert not alive_pids(tmp_path)
 
 

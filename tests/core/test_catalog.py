@@ -47,6 +47,10 @@ TSV = "spot-prices-gpu-2022-05-31.tsv"
     (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t-0.49\t2022-05-31T00:00:00\n", ":1: price '-0.49' is not a price"),
     (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\tnan\t2022-05-31T00:00:00\n", ":1: price 'nan' is not a price"),
     (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t1e308\t2022-05-31T00:00:00\n", ":1: price '1e308' is not a price"),
+    # a digit separator or another script's digits is no price (not $1000, not $12)
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t1_000\t2022-05-31T00:00:00\n", ":1: price '1_000' is not a price"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t\u0661\u0662\t2022-05-31T00:00:00\n", ":1: price '\u0661\u0662' is not"),
+    (TSV, "us-east-1a\tp3.2xlarge\tLinux/UNIX\t1,000\t2022-05-31T00:00:00\n", ":1: price '1,000' is not a price"),
     (TSV, "us-east-1a\tp3.2xlarge\n", "has no Linux/UNIX price row of 5 tab-separated columns"),
     (TSV, "", "has no Linux/UNIX price row"),
     ("ec2-gpu-instances.json", "{}", "lists no instance type"),
@@ -58,6 +62,18 @@ TSV = "spot-prices-gpu-2022-05-31.tsv"
     ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "GPU_model": 5}]', "GPU model is 5, not a name"),
     ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "pricing": {"us-east-1": {"linux": '
                                '{"ondemand": "-3"}}}}]', "p3.2xlarge in us-east-1: ondemand is '-3', not a price"),
+    # `true` is no price of $1.00, whichever price it stands for
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "pricing": {"us-east-1": {"linux": '
+                               '{"ondemand": true}}}}]', "p3.2xlarge in us-east-1: ondemand is True, not a price"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": 1, "pricing": {"us-east-1": {"linux": '
+                               '{"spot_avg": false}}}}]', "p3.2xlarge in us-east-1: spot_avg is False, not a price"),
+    # a number past float range is named by file, line and column, wherever it stands
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge",\n  "GPU_memory": 1e999}]',
+     "ec2-gpu-instances.json: line 2, column 17: number 1e999 is past the range of a float"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge", "GPU": -2.5e400}]',
+     "ec2-gpu-instances.json: line 1, column 41: number -2.5e400 is past the range of a float"),
+    ("ec2-gpu-instances.json", '[{"instance_type": "p3.2xlarge",\n\n "vCPU": 123456789012345678901}]',
+     "ec2-gpu-instances.json: line 3, column 10: integer 123456789012345678901 is beyond int64"),
 ])
 def test_sources_that_parse_but_are_wrong_build_no_catalog(tmp_path, name, text, message):
     with pytest.raises(UserInputError, match=message.replace("(", r"\(").replace(")", r"\)")):

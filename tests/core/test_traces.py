@@ -67,6 +67,13 @@ def test_simultaneous_removes_are_one_event(tmp_path):
     ("0,2\n1.0e306,1\n", ":2: timestamp 1.0e306 is more than ten years (in hours: it has a dot)"),
     ("0,add,a\n1e30,remove,a\n", ":2: timestamp 1e30 ms is more than ten years"),
     ("0,2\n1e-320,1\n", "the trace spans 1e-320 s with instances live"),
+    # digit separators and other scripts' digits are typos, not other numbers (1000, 12, 10)
+    ("0,2\n1_000,1\n", ":2: timestamp is not a number: 1_000"),
+    ("0,2\n\u0661\u0662,1\n", ":2: timestamp is not a number: \u0661\u0662"),
+    ("0,1_0\n100,2\n", ":1: live instance count is not an integer: 1_0"),
+    ("0,2\n10,\uff11\n", ":2: live instance count is not an integer"),
+    ("0,2\n1,000,1\n", ":2: unknown trace format"),
+    ("0,2\n10," + "x" * 4000 + "\n", "is not an integer: " + "x" * 120 + "... (4000 characters)"),
 ])
 def test_bad_traces_are_one_line_errors_naming_file_and_line(tmp_path, text, message):
     path = write(tmp_path, "parcae_p3trace.csv", text)

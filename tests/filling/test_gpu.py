@@ -105,7 +105,10 @@ def test_worker_takes_fill_fields_from_the_environment(monkeypatch):
     config = worker_fill_config({"online_rate_per_s": 3.0})
     assert (config.model, config.max_batch, config.online_rate_per_s) == ("transformer", 4, 3.0)
     monkeypatch.setenv(CONFIG_ENV, '{"model": "resnet18"}')
-    with pytest.raises(UserInputError, match="^fill config: model"):
+    with pytest.raises(UserInputError, match="^fill config from SPOTFILL_FILL_CONFIG: model"):
+        worker_fill_config({})
+    monkeypatch.setenv(CONFIG_ENV, '{"seed": {"nested": 1}}')  # a nested value names the variable too
+    with pytest.raises(UserInputError, match="^fill config from SPOTFILL_FILL_CONFIG: seed"):
         worker_fill_config({})
     monkeypatch.setenv(CONFIG_ENV, "{model")
     with pytest.raises(UserInputError, match=f"^{CONFIG_ENV}: not valid JSON"):
@@ -367,7 +370,7 @@ def test_train_section_stops_at_once_with_the_workers_last_words_when_they_all_e
     from tasks.providers.local import LocalProvider
 
     bad_fill = {**gpu_check.TRAIN_FILL, "model": "no-such-model"}
-    with pytest.raises(RuntimeError, match="every worker exited; .*log ends: .*fill config: model"):
+    with pytest.raises(RuntimeError, match="every worker exited; .*log ends: .*fill config from SPOTFILL_FILL_CONFIG: model"):
         gpu_check.train_section(window_s=1.0, workload="transformer-lm", options={"seq_len": 8}, batch=2,
                                 fill=bad_fill, device="cpu", artifacts_dir=tmp_path)
     (run_id,) = [p.name for p in tmp_path.iterdir() if p.name.startswith("gpu-check-")]

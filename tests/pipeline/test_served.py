@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids
+from tasks.core.lifeline import tied_to_this_process
+from tests.helpers import LOCAL_QUICK_PROFILE, PRICE_ARCHIVE, REPO, SHIPPED_PROFILE, alive_pids, children_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -58,8 +59,9 @@ def server_env(tmp_path_factory):
         "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(REPO), "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"), "AWS_CONFIG_FILE": str(home / "no-aws-config")}
     log = open(home / "server.log", "wb")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # tied to this process: a test run killed part way does not leave the server running for good
+    server = subprocess.Popen(tied_to_this_process([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)]),
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def healthy():
         try:
@@ -78,7 +80,8 @@ def server_env(tmp_path_factory):
 def test_served_deployments_run_through_the_api_and_the_drift_automation(server_env, tmp_path):
     api = server_env["PREFECT_API_URL"]
     serve_log = open(tmp_path / "serve.log", "wb")
-    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+    served = subprocess.Popen(tied_to_this_process([sys.executable, "-m", "flows.serve"]), cwd=REPO, env=server_env,
+                              stdout=serve_log,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def names():
@@ -194,7 +197,8 @@ def test_a_served_run_whose_flow_process_is_killed_terminates_every_instance(ser
     from the flow run (its id and parameters), terminates what it started and reports it."""
     api = server_env["PREFECT_API_URL"]
     serve_log = open(tmp_path / "serve.log", "wb")
-    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=server_env, stdout=serve_log,
+    served = subprocess.Popen(tied_to_this_process([sys.executable, "-m", "flows.serve"]), cwd=REPO, env=server_env,
+                              stdout=serve_log,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def deployment():
@@ -263,18 +267,6 @@ def test_deployed_from_prefect_yaml_to_a_process_pool_a_worker_runs_the_catalog_
         worker_log.close()
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(server_env, moto_endpoint, moto_amis,
                                                                              tmp_path):
     """The same on AWS (moto's server): the flow is killed while its parameter server starts; the
@@ -290,7 +282,8 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
     profile = tmp_path / "t4.json"
     profile.write_text(json.dumps(shipped))
     env = server_env | FAKE_CREDENTIALS
-    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=env, stdout=open(tmp_path / "serve.log", "wb"),
+    served = subprocess.Popen(tied_to_this_process([sys.executable, "-m", "flows.serve"]), cwd=REPO, env=env,
+                              stdout=open(tmp_path / "serve.log", "wb"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     api = server_env["PREFECT_API_URL"]
     ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")

@@ -81,3 +81,51 @@ def runs_out():
         yield next(source)
 
     return model, two_batches, loss_fn
+
+
+def exits_hard():
+    """os._exit(0): the process would end at once, with status 0 and no word."""
+    import os
+
+    os._exit(0)
+
+
+def exits_hard_in_its_batches():
+    model, _, loss_fn = regression()
+
+    def batches(batch_size, seed):
+        import os
+
+        print("no data here")
+        os._exit(3)
+
+    return model, batches, loss_fn
+
+
+def batches_not_iterable():
+    model, _, loss_fn = regression()
+    return model, lambda batch_size, seed: 42, loss_fn
+
+
+def _in_dtype(dtype):
+    """regression's model and data in `dtype`: a step of it trains, but the runtime's wire carries
+    float32 parameters."""
+    model, batches, loss_fn = regression()
+
+    def cast(batch_size, seed):
+        for x, y in batches(batch_size, seed):
+            yield x.to(dtype), y.to(dtype)
+
+    return model.to(dtype), cast, loss_fn
+
+
+def bf16_model():
+    return _in_dtype(torch.bfloat16)
+
+
+def fp16_model():
+    return _in_dtype(torch.float16)
+
+
+def fp64_model():
+    return _in_dtype(torch.float64)

@@ -1,7 +1,8 @@
 """A valid plug-in whose build() leaves things running, as a careless user's may: a non-daemon
 thread (which would keep a process from exiting) and a helper process. Each process that builds
-it records its helper's pid in the folder named by SPOTFILL_TEST_PID_DIR
-(tests/cli/test_train_leftovers.py checks that none outlives the run)."""
+it records its helper's pid in the folder named by SPOTFILL_TEST_PID_DIR, a file named by the
+helper's pid holding the builder's (tests/cli/test_train_leftovers.py and
+tests/runtime/test_lease_runs.py check that none outlives the run)."""
 import os
 import subprocess
 import threading
@@ -15,5 +16,5 @@ _forever = threading.Event()
 def build():
     threading.Thread(target=_forever.wait, name="never-ends").start()
     helper = subprocess.Popen(["sleep", "100000"])
-    Path(os.environ["SPOTFILL_TEST_PID_DIR"], str(helper.pid)).touch()
+    Path(os.environ["SPOTFILL_TEST_PID_DIR"], str(helper.pid)).write_text(str(os.getpid()))
     return regression()

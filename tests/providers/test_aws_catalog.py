@@ -55,6 +55,27 @@ def test_price_archive_rows_map_az_ids_to_this_accounts_zone_names():
     assert {r.zone for r in records} <= set(names.values())
 
 
+@pytest.mark.parametrize("price, message", [
+    ("1_000", "not a number: '1_000'"),  # not $1000
+    ("\u0661\u0662", "not a number"),  # not $12
+    ("true", "not a number: 'true'"),  # not $1.00
+    ("1e999", "must be a positive number"),
+])
+def test_a_price_archive_price_is_read_strictly_naming_file_and_line(tmp_path, price, message):
+    archive = tmp_path / "prices.tsv"
+    archive.write_text(f"# comment\nuse1-az4\tg5.xlarge\tLinux/UNIX\t{price}\t2022-05-31T00:00:00+00:00\n")
+    with pytest.raises(UserInputError, match=f"prices.tsv:2: price {message}"):
+        aws_catalog.read_price_archive(archive, {"use1-az4": "us-east-1d"})
+
+
+@pytest.mark.parametrize("band", ["true", "2.7", "\"1\"", "9"])
+def test_an_interruption_band_is_a_whole_number_0_to_4(tmp_path, band):
+    feed = tmp_path / "advisor.json"
+    feed.write_text('{"spot_advisor": {"us-east-1": {"Linux": {"g5.xlarge": {"r": %s}}}}}' % band)
+    with pytest.raises(UserInputError, match="g5.xlarge in us-east-1 has interruption band .*, not one of 0..4"):
+        aws_catalog.load_interruption_bands(feed, "us-east-1")
+
+
 def test_type_facts_from_a_describe_instance_types_entry():
     described = {
         "InstanceType": "g5.12xlarge",

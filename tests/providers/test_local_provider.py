@@ -209,3 +209,38 @@ def test_a_detached_instance_is_not_told_to_watch_its_starter(tmp_path, monkeypa
         assert "SPOTFILL_WATCH_PID" not in child_env(detached)
     finally:
         p.kill_all_started()
+
+
+def test_a_signal_the_process_ignores_stays_ignored(tmp_path):
+    """A command started with SIGINT ignored (a background job of a script) is not stopped by it:
+    the provider adds no handler that would stop its processes (and leave the command running)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        LocalProvider(tmp_path)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_full_disk_does_not_stop_the_clean_up(tmp_path, monkeypatch):
+    """Terminating (a run's clean-up) only records processes that have ended: on a full disk the
+    record waits for the next look instead of failing the clean-up; other writes still fail."""
+    import errno
+
+    from tasks.providers import local
+
+    provider = LocalProvider(tmp_path)
+    row = {"instance_id": "local-r-0000", "type": "p3.2xlarge", "role": "ps", "market": "on-demand",
+           "state": "running", "run_id": "r", "plan_id": "ps", "address": "127.0.0.1", "launched_at_s": 0.0,
+           "pid": 2**22 + 1, "start_ticks": None, "notice_file": None, "notice_deadline_s": None}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "instances.json").write_text(json.dumps({"instances": [row], "events": [], "next_id": 1}))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(local, "atomic_write_text", full)
+    provider.terminate(["local-r-0000"])
+    assert provider.describe("r") == []
+    with pytest.raises(OSError, match="No space left"):
+        provider.poll_events("r")

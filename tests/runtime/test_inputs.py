@@ -66,6 +66,23 @@ def test_driver_rejects_bad_input_before_starting_anything(tmp_path):
         driver.add_workers(run, "p3.2xlarge", 1, batch_size=0)
 
 
+@pytest.mark.parametrize("address", ["not-an-address", "300.1.1.1", "127.0.0.1:80", "127.0.0.1\nx", "h" * 4000])
+def test_a_ps_bind_address_that_is_no_address_is_refused_before_anything_starts(tmp_path, monkeypatch, address):
+    monkeypatch.setenv("SPOTFILL_PS_BIND", address)
+    provider = LocalProvider(tmp_path)
+    with pytest.raises(UserInputError, match="^SPOTFILL_PS_BIND='.*' is not an IP address") as err:
+        driver.start_run(provider, "bad", "tests.plugins.regression:build")
+    assert provider.describe("bad") == [] and "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "127.0.0.1"])
+def test_ip_addresses_are_bind_addresses(monkeypatch, address):
+    from tasks.core.limits import ps_bind_address
+
+    monkeypatch.setenv("SPOTFILL_PS_BIND", address)
+    assert ps_bind_address() == address
+
+
 def _train_cli(argv):
     """`spotfill train ...` through the project's parser conventions (the subcommand alone)."""
     from tasks.cli.main import OneLineParser

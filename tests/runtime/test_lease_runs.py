@@ -20,16 +20,16 @@ from tests.helpers import process_alive
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LEASE_S = 8.0
-# The orchestrator: start a leased run with one worker, watch it until it trains (which renews
+# The orchestrator: start a leased run of a workload (argv: artifacts, lease, workload, options) with one worker, watch it until it trains (which renews
 # the lease), say so in a file, then hang, watching no more, until it is killed.
 ORCHESTRATOR = """
-import sys, threading
+import json, sys, threading
 from pathlib import Path
 from tasks.providers.local import LocalProvider
 from tasks.runtime import driver
-artifacts, lease_s = Path(sys.argv[1]), float(sys.argv[2])
+artifacts, lease_s, workload, options = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 provider = LocalProvider(artifacts)
-run = driver.start_run(provider, "leased", "resnet20", workload_options={"width": 4}, ps_type="p3.2xlarge",
+run = driver.start_run(provider, "leased", workload, workload_options=options, ps_type="p3.2xlarge",
                        checkpoint_every_s=60.0, lease_s=lease_s)
 driver.add_workers(run, "g4dn.4xlarge", 1, batch_size=8)
 driver.wait_for(run, lambda p: p.updates_total >= 3, timeout_s=120)
@@ -49,7 +49,8 @@ def _wait(condition, timeout_s: float, what: str) -> float:
 
 def test_a_killed_orchestrator_leaves_the_run_to_its_lease(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    orchestrator = subprocess.Popen([sys.executable, "-c", ORCHESTRATOR, str(tmp_path), repr(LEASE_S)], env=env)
+    orchestrator = subprocess.Popen([sys.executable, "-c", ORCHESTRATOR, str(tmp_path), repr(LEASE_S), "resnet20",
+                                     json.dumps({"width": 4})], env=env)
     provider = LocalProvider(tmp_path)
     try:
         _wait(lambda: (tmp_path / "training").exists() or orchestrator.poll() is not None, 180, "training")
@@ -79,4 +80,35 @@ def test_a_killed_orchestrator_leaves_the_run_to_its_lease(tmp_path):
     finally:
         if orchestrator.poll() is None:
             orchestrator.kill()
+        provider.cleanup("leased")
+
+
+def test_a_lapsed_lease_leaves_no_helper_of_its_ps_or_worker(tmp_path):
+    """A plug-in whose build() starts a helper process (and a non-daemon thread) in the PS and the
+    worker: when the lease lapses with no orchestrator left, each ends its own helpers on the way
+    out. (The killed orchestrator's own check leaves its helpers to the test's clean-up.)"""
+    pid_dir = tmp_path / "helpers"
+    pid_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SPOTFILL_TEST_PID_DIR": str(pid_dir)}
+    orchestrator = subprocess.Popen([sys.executable, "-c", ORCHESTRATOR, str(tmp_path), repr(LEASE_S),
+                                     "tests.plugins.leaves_behind:build", "{}"], env=env)
+    provider = LocalProvider(tmp_path)
+    try:
+        _wait(lambda: (tmp_path / "training").exists() or orchestrator.poll() is not None, 180, "training")
+        assert orchestrator.poll() is None, "the orchestrator failed before training"
+        rows = provider._load("leased")["instances"]
+        orchestrator.send_signal(signal.SIGKILL)
+        orchestrator.wait()
+        _wait(lambda: not any(process_alive(r["pid"]) for r in rows), LEASE_S + 60, "the run's end")
+        assert next(r for r in read_records(tmp_path / "leased") if r["kind"] == "stop")["reason"] == "lease_lapsed"
+        built_by = {int(p.name): int(p.read_text()) for p in pid_dir.iterdir()}
+        helpers = [pid for pid, builder in built_by.items() if builder in {r["pid"] for r in rows}]
+        assert {built_by[pid] for pid in helpers} == {r["pid"] for r in rows}  # the PS's and the worker's
+        _wait(lambda: not any(process_alive(pid) for pid in helpers), 30, "the helpers' end")
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+        for pid in [int(p.name) for p in pid_dir.iterdir()]:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
         provider.cleanup("leased")

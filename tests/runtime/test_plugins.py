@@ -48,6 +48,13 @@ def test_tuple_plugins_get_the_stated_defaults():
     ("tests.plugins.broken:shape_mismatch", "loss_fn(model(inputs), targets) failed: RuntimeError"),
     ("tests.plugins.broken:raises", "failed while building: RuntimeError: dataset not found"),
     ("tests.plugins.broken:exits", "called sys.exit('the plug-in gave up') while building"),
+    ("tests.plugins.broken:exits_hard", "called os._exit(0) while building"),
+    ("tests.plugins.broken:exits_hard_in_its_batches", "called os._exit(3) while training one step: no data here"),
+    # parameters of another type would be made float32 by the runtime, and training fail on mixed types
+    ("tests.plugins.broken:bf16_model", "0.weight is bfloat16; the runtime trains float32 parameters"),
+    ("tests.plugins.broken:fp16_model", "0.weight is float16; the runtime trains float32 parameters"),
+    ("tests.plugins.broken:fp64_model", "0.weight is float64; the runtime trains float32 parameters"),
+    ("tests.plugins.broken:batches_not_iterable", "batches(batch_size, seed) returned a value of type int, not an iterable"),
     ("tests.plugins.parses_argv:build",
      "called sys.exit(2) while being imported: train.py: error: the following arguments are required: --data"),
 ])
@@ -63,10 +70,30 @@ def test_bad_plugins_are_one_line_exit_2_and_nothing_launched(spec, message, tmp
         out, err = capsys.readouterr()
         assert status == 2 and out == "" and launched == [], argv[0]
         assert err.startswith("spotfill: error: ") and message in err, argv[0]
-        assert len(err.strip().splitlines()) == 1, argv[0]
+        assert len(err.strip().splitlines()) == 1 and err.count(spec) == 1, argv[0]  # said once, not nested
     assert not any(tmp_path.iterdir())  # `run` made no run folder: it stopped before starting anything
     with pytest.raises(UserInputError, match="workload"):
         check_workload(spec)
+
+
+def test_batches_given_as_any_iterable_serve_every_consumer():
+    """A list of batches passes the one-step check and then feeds plain training and profiling's
+    memory measurement, each of which takes the next batch."""
+    from tasks.profiling.memory import measure_memory
+
+    workload = check_workload("tests.plugins.listed_batches:build")
+    steps = workload.plain_steps(4)
+    assert all(loss >= 0 for loss in (next(steps) for _ in range(3)))
+    device, points = measure_memory("tests.plugins.listed_batches:build", {}, [2, 4], device="cpu")
+    assert device == "cpu" and points[1].peak_bytes > points[0].peak_bytes
+
+
+def test_os_exit_outside_plugin_code_still_ends_a_thread_of_its_own():
+    """The guard against a plug-in's os._exit is this thread's, inside its code only: once the
+    check is done, os._exit is Python's own again."""
+    with pytest.raises(UserInputError, match=r"os._exit\(0\)"):
+        build_workload("tests.plugins.broken:exits_hard")
+    assert os._exit.__module__ == "posix"
 
 
 def _doc_example() -> str:
