@@ -19,7 +19,7 @@ from tests.helpers import process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-LEASE_S = 8.0
+LEASE_S = 20.0  # long enough that a loaded machine renews it in time while the run starts
 # The orchestrator: start a leased run of a workload (argv: artifacts, lease, workload, options) with one worker, watch it until it trains (which renews
 # the lease), say so in a file, then hang, watching no more, until it is killed.
 ORCHESTRATOR = """
