@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch is imported where a model is evaluated: the CLI parse
     from torch import nn
 
 DIRECTIONS = ("<=", ">=")
+DEFAULT_EVAL_EVERY_UPDATES = 50  # the PS evaluates during training this often (periodic_eval.py)
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(<=|>=|=<|=>|<|>|==|=)\s*(\S+)\s*$")
 
 
@@ -34,7 +35,9 @@ class TargetMetric:
         return observed <= self.value if self.direction == "<=" else observed >= self.value
 
     def __str__(self) -> str:
-        return f"{self.name}{self.direction}{self.value:g}"
+        """As given, and parsed back to the same target (it travels to the PS as text)."""
+        short = f"{self.value:g}"
+        return f"{self.name}{self.direction}{short if float(short) == self.value else repr(self.value)}"
 
 
 def parse_target_metric(text: str) -> TargetMetric:

@@ -18,7 +18,11 @@ Every record has `t` (epoch seconds) and `kind`:
   (version, samples_total); totals continue from there: updates after that checkpoint and before
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
-- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal, orchestrator_gone,
+- `evaluation`: the workload's evaluate(model) on a snapshot of the parameters taken at the
+  update count `updates_total` (periodic_eval.py): version, snapshot_t (when the snapshot was
+  taken), eval_s, metrics ({name: value}), skipped (due evaluations skipped since the previous one
+  because it was still running), and with a target metric `target` and `met`.
+- `stop`: the PS stopped (reason: max_updates, target_loss, target_metric, stop_file, signal, orchestrator_gone,
   diverged, lease_lapsed, failed: its error is in ps-error.txt beside the telemetry).
 A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
 PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
