@@ -5,10 +5,10 @@ The update path pays one copy of the flat vector per evaluation (taken under the
 exactly the N-th update); the forward passes run in the thread, off the lock. An N-th update that
 comes while the previous evaluation still runs is skipped (counted in the next record), so a slow
 evaluate never queues up behind training. Each evaluation is a telemetry record `evaluation`
-(updates_total, version, snapshot_t, eval_s, metrics, skipped: due ones skipped since the previous
-record, and with a target `met`); the first
-observation at the target stops the run (the PS's stop rule, reason `target_metric`). An evaluate
-that fails or returns NaN is the PS's failure, in one line (evaluation.py's checks).
+(updates_total, version, snapshot_t, eval_s, metrics, skipped: due ones skipped since the
+previous record, and with a target `met`); the first observation at the target stops the run (the
+PS's stop rule, reason `target_metric`). An evaluate that fails or returns NaN is the PS's
+failure, in one line (evaluation.py's checks).
 """
 from __future__ import annotations
 

@@ -172,3 +172,21 @@ def test_built_in_workloads_evaluate_on_the_same_held_out_batches(spec, options,
     observed = evaluate_model(spec, first.evaluate, first.model)
     assert set(observed) == metrics and 0 <= observed["val_acc"] <= 1 and observed["val_loss"] > 0
     assert evaluate_model(spec, second.evaluate, second.model) == observed  # same start, same held-out data
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_spotfill_train_stops_once_an_evaluation_meets_the_target_metric(tmp_path):
+    from tests.helpers import spotfill
+
+    done = spotfill("train", "--workload", "tests.plugins.evaluated:build", "--workers", "p3.2xlarge=2",
+                    "--batch-size", "32", "--max-updates", "3000", "--eval-every-updates", "10",
+                    "--target-metric", "val_acc>=0.9", "--artifacts", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["stopped"] == "target_metric" and result["updates"] < 3000
+    records = [json.loads(line) for line in (tmp_path / result["run_id"] / "telemetry.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if r["kind"] == "evaluation"]
+    assert [r["updates_total"] % 10 for r in evaluations] == [0] * len(evaluations)
+    assert [r["met"] for r in evaluations] == [False] * (len(evaluations) - 1) + [True]
+    assert evaluations[-1]["metrics"]["val_acc"] >= 0.9 and evaluations[-1]["updates_total"] <= result["updates"]
