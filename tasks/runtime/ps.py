@@ -329,7 +329,7 @@ class ParameterServer:
                 if due:
                     self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
                     self._wake.set()
-                self.stopping = stop
+                self.stopping = self.stopping or stop  # fail() from another thread may have set it meanwhile
             return True
 
     def published_state(self) -> tuple[int, torch.Tensor | None]:

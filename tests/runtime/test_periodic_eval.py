@@ -150,6 +150,23 @@ def test_the_ps_evaluates_every_n_updates_and_stops_at_the_target_metric(tmp_pat
     assert set(evaluations[0]["metrics"]) == {"val_acc", "val_loss"} and evaluations[0]["target"] == "val_loss<=1e+09"
 
 
+def test_an_evaluate_that_returns_nan_during_training_fails_the_ps_in_one_line(tmp_path):
+    ps = ParameterServer(PsConfig(run_dir=tmp_path, port=0, workload="tests.plugins.broken:evaluate_nan_later",
+                                  eval_every_updates=1))
+    failed = threading.Event()
+    on_error = ps.evaluation.on_error
+    ps.evaluation.on_error = lambda err: (on_error(err), failed.set())
+    ps.evaluation.start()
+    try:
+        assert _push(ps) and ps.evaluation._idle.wait(WAIT_S)  # its first evaluation is a good one
+        assert _push(ps) and failed.wait(WAIT_S)
+    finally:
+        ps.evaluation.close()
+        ps.telemetry.close()
+    assert ps.stopping == "failed" and not _push(ps)
+    assert "evaluate(model) returned val_loss = nan (not finite)" in ps.error and "\n" not in ps.error
+
+
 @pytest.mark.parametrize("workload,options,message", [
     ("tests.plugins.regression:build", {}, "needs one unsharded PS evaluating"),
     ("tests.plugins.evaluated:build", {"eval_every_updates": None}, "needs one unsharded PS evaluating"),
