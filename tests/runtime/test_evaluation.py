@@ -50,15 +50,15 @@ def test_a_workload_with_an_evaluation_passes_the_checks_and_reports_its_metrics
     assert trained["val_acc"] > metrics["val_acc"] and trained["val_loss"] < metrics["val_loss"]
 
 
-@pytest.mark.parametrize("options,target,message", [
-    ({}, "val_f1>=0.5", "target metric 'val_f1' is not reported by workload .* reports val_acc, val_loss"),
-    ({"broken": "raises"}, None, r"evaluate\(model\) failed: ValueError: no held-out data"),
-    ({"broken": "nan_value"}, None, r"evaluate\(model\) returned val_loss = nan \(not finite\)"),
-    ({"broken": "list"}, None, r"must return a non-empty dict of metric names to numbers, got list"),
+@pytest.mark.parametrize("spec,target,message", [
+    (SPEC, "val_f1>=0.5", "target metric 'val_f1' is not reported by workload .* reports val_acc, val_loss"),
+    ("tests.plugins.broken:evaluate_raises", None, r"evaluate\(model\) failed: ValueError: no held-out data"),
+    ("tests.plugins.broken:evaluate_nan", None, r"evaluate\(model\) returned val_loss = nan \(not finite\)"),
+    ("tests.plugins.broken:evaluate_list", None, r"must return a non-empty dict of metric names to numbers, got list"),
 ])
-def test_a_bad_evaluation_or_target_is_refused_before_anything_starts(options, target, message):
+def test_a_bad_evaluation_or_target_is_refused_before_anything_starts(spec, target, message):
     with pytest.raises(UserInputError, match=message) as err:
-        check_workload(SPEC, options, target_metric=target and parse_target_metric(target))
+        check_workload(spec, target_metric=target and parse_target_metric(target))
     assert "\n" not in str(err.value)
 
 
@@ -72,20 +72,20 @@ def test_tensor_metrics_become_numbers():
     assert evaluate_model("x", lambda m: {"val_loss": torch.tensor(0.5)}, model) == {"val_loss": 0.5}
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--target-metric", "val_acc>0.9"], "argument --target-metric: target metric 'val_acc>0.9': the direction must be"),
-    (["--target-metric", "val_f1>=0.5"], "target metric 'val_f1' is not reported by workload"),
-    (["--target-metric", "val_acc>=0.9", "--workload-opt", "broken=nan_value"], "returned val_loss = nan"),
-    (["--target-metric", "val_acc>=0.9", "--workload-opt", "broken=raises"], "evaluate(model) failed"),
-    (["--target-metric", "val_acc>=0.9", "--num-ps", "2"], "use --num-ps 1"),
+@pytest.mark.parametrize("spec,extra,message", [
+    (SPEC, ["--target-metric", "val_acc>0.9"], "argument --target-metric: target metric 'val_acc>0.9': the direction must be"),
+    (SPEC, ["--target-metric", "val_f1>=0.5"], "target metric 'val_f1' is not reported by workload"),
+    ("tests.plugins.broken:evaluate_nan", ["--target-metric", "val_acc>=0.9"], "returned val_loss = nan"),
+    ("tests.plugins.broken:evaluate_raises", ["--target-metric", "val_acc>=0.9"], "evaluate(model) failed"),
+    (SPEC, ["--target-metric", "val_acc>=0.9", "--num-ps", "2"], "use --num-ps 1"),
 ])
-def test_spotfill_train_refuses_a_bad_target_metric_in_one_line_before_launch(extra, message, capsys, monkeypatch):
+def test_spotfill_train_refuses_a_bad_target_metric_in_one_line_before_launch(spec, extra, message, capsys, monkeypatch):
     from tasks.cli.main import main
     from tasks.providers.local import LocalProvider
 
     launched = []
     monkeypatch.setattr(LocalProvider, "launch", lambda *a, **k: launched.append(a))
-    status = main(["train", "--workload", SPEC, "--workers", "p3.2xlarge=1", "--batch-size", "8",
+    status = main(["train", "--workload", spec, "--workers", "p3.2xlarge=1", "--batch-size", "8",
                    "--max-updates", "5", *extra])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and launched == []
