@@ -86,6 +86,8 @@ class ClusterProgress:
     first_update_t: float | None = None
     last_update_t: float | None = None
     workers: dict[int, WorkerStats] = field(default_factory=dict)
+    metrics: dict[str, float] | None = None  # the newest evaluation's metrics (periodic_eval.py)
+    metrics_updates: int | None = None  # the update count of the parameters they were measured on
 
     def active_workers(self) -> list[int]:
         return [w for w, s in self.workers.items() if s.left is None]
@@ -149,6 +151,8 @@ class TelemetryReader:
             p.samples_total = r["samples_total"]
             p.updates_total = r["updates_total"]
             p.stopped = None
+        elif kind == "evaluation":
+            p.metrics, p.metrics_updates = r["metrics"], r["updates_total"]
         elif kind == "stop":
             p.stopped = r["reason"]
 

@@ -7,6 +7,7 @@ from tasks.profiling.clusters import (
 )
 from tasks.profiling.fit import cluster_shape, fit_profile, iterations_to_loss
 from tasks.profiling.measurements import ProfilingError
+from tasks.runtime.evaluation import parse_target_metric
 from tests.profiling.synthetic import GAMMA_WITHOUT_R, synthetic_measurements
 
 
@@ -85,3 +86,30 @@ def test_the_budget_that_would_reach_a_target_follows_the_slowest_clusters_curve
         for c in clusters)
     assert true_scale > 1
     assert budget_to_reach(clusters, curve, 1.45, 100.0) == pytest.approx(100.0 * true_scale, rel=0.1)
+
+
+def _as_accuracy_shortfall(clusters):
+    """The synthetic clusters' curves as 1 - accuracy: a tenth of the loss (levels off at 0.13)."""
+    return [c.model_copy(update={"losses": [(j, 0.1 * loss) for j, loss in c.losses]}) for c in clusters]
+
+
+def test_a_target_metric_the_fitted_curve_cannot_reach_is_refused_in_the_metrics_words():
+    """Profiled on a metric's curve (1 - val_acc for a higher-is-better one, docs/model.md), the
+    refusal names the metric and the best target of it that can be planned."""
+    types, clusters = synthetic_measurements()
+    loss_curve = fit_profile("synthetic", types, clusters).profile.loss
+    val_loss = parse_target_metric("val_loss<=1.2")
+    with pytest.raises(ProfilingError, match=r"^target metric val_loss<=1.2 is unreachable: profiling trained toward it "
+                                             r"\(best val_loss 1.528\) and the fitted val_loss curve levels off at "
+                                             r"gamma5 = 1.299; aim at val_loss<=1.30\d* or above$"):
+        check_target_profiled(clusters, val_loss.curve_target, loss_curve, 300.0, val_loss)
+
+    shortfall = _as_accuracy_shortfall(clusters)
+    acc_curve = fit_profile("synthetic", types, shortfall).profile.loss
+    assert acc_curve.gamma5 == pytest.approx(0.1 * GAMMA_WITHOUT_R[4], rel=0.01)
+    val_acc = parse_target_metric("val_acc>=0.9")
+    with pytest.raises(ProfilingError, match=r"^target metric val_acc>=0.9 is unreachable: .* \(best val_acc 0.8472\) "
+                                             r".* aim at val_acc>=0.86\d* or below$"):
+        check_target_profiled(shortfall, val_acc.curve_target, acc_curve, 300.0, val_acc)
+    reachable = parse_target_metric("val_acc>=0.86")
+    check_target_profiled(shortfall, reachable.curve_target, acc_curve, 300.0, reachable)  # above the floor: planned

@@ -102,14 +102,14 @@ def test_a_target_met_calls_the_stop_and_a_failing_evaluate_the_failure():
     met, failed = threading.Event(), []
     telemetry = Records()
     workload = weight_sum_workload()
-    evaluation = PeriodicEvaluation("sum", workload, 1, telemetry, parse_target_metric("weight_sum>=8"),
+    evaluation = PeriodicEvaluation("sum", workload, 1, telemetry, parse_target_metric("weight_sum>=0.8"),
                                      on_met=met.set)
     evaluation.start()
     try:
-        evaluation.offer(state_of(1.0, workload), 1, 1)
+        evaluation.offer(state_of(0.1, workload), 1, 1)
         assert telemetry.next()["met"] is False and not met.is_set()
         assert evaluation._idle.wait(WAIT_S)
-        evaluation.offer(state_of(2.0, workload), 2, 2)
+        evaluation.offer(state_of(0.2, workload), 2, 2)
         assert telemetry.next()["met"] is True and met.wait(WAIT_S)
     finally:
         evaluation.close()
