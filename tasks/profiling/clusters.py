@@ -15,7 +15,9 @@ when the budget ends is a ProfilingError saying to raise the budget.
 
 A loss target moves that end: the clusters train on until each has come within TARGET_APPROACH
 times the target (`target_approached`), so the curve is fitted on losses near the target rather than
-extrapolated from a band far above it; a budget that ends first only stops them. After the fit,
+extrapolated from a band far above it, and on while a cluster's own curve still levels off at or
+above the target (`floor_blocks`: the fit would refuse a target the model may yet reach); a budget
+that ends first only stops them. After the fit,
 `check_target_profiled` refuses a target the fitted curve still cannot reach, in one line with the
 lowest target that can be planned and the budget that would train the clusters to it.
 """
@@ -27,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tasks.core.profile import LossCurve
-from tasks.profiling.fit import cluster_shape, iterations_to_loss, loss_band
+from tasks.profiling.fit import cluster_shape, curve_floor, iterations_to_loss, loss_band
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation, megabits_to_mbps
 from tasks.profiling.runs import (
     WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
@@ -77,6 +79,24 @@ def target_approached(curves: list[list[tuple[int, float]]], target_loss: float 
 def trained_enough(curves: list[list[tuple[int, float]]], target_loss: float | None) -> bool:
     """A common band to fit on and, with a target, every cluster near it."""
     return band_reached(curves) and target_approached(curves, target_loss)
+
+
+def floor_blocks(curves: list[list[tuple[int, float]]], target_loss: float | None) -> bool:
+    """Whether a cluster's curve, fitted alone, still levels off at or above the target (no target:
+    never): the fit on these curves would refuse a target the model may yet reach, so its cluster
+    trains on toward it while the budget lasts (`wave_done`)."""
+    if target_loss is None:
+        return False
+    floors = [curve_floor(c) for c in curves]
+    return any(f is not None and f >= target_loss for f in floors)
+
+
+def wave_done(curves: list[list[tuple[int, float]]], earlier: int, target_loss: float | None) -> bool:
+    """Whether a wave (the curves after the first `earlier`, which are stopped) may stop before its
+    deadline: all trained enough and none of its clusters' curves levelling off above the target;
+    or an earlier curve is the laggard (training these on only lowers the band further below it)."""
+    return ((trained_enough(curves, target_loss) and not floor_blocks(curves[earlier:], target_loss))
+            or laggard(curves) < earlier)
 
 
 def no_band_error(curves: list[list[tuple[int, float]]], budget_s: float) -> ProfilingError:
@@ -289,7 +309,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                        f"(raise --profile-budget-s)")
         while True:
             curves = earlier + [run_curve(run, factor, target_metric) for run in ordered]
-            if trained_enough(curves, target_loss) or laggard(curves) < len(earlier):
+            if wave_done(curves, len(earlier), target_loss):
                 break
             if time.monotonic() > deadline_s:
                 if band_reached(curves):

@@ -3,9 +3,10 @@ toward a loss target, and the target checked against the fitted curve (tasks/pro
 import pytest
 
 from tasks.profiling.clusters import (
-    band_reached, budget_to_reach, check_target_profiled, laggard, lowest_reachable_target, trained_enough,
+    band_reached, budget_to_reach, check_target_profiled, floor_blocks, laggard, lowest_reachable_target,
+    trained_enough, wave_done,
 )
-from tasks.profiling.fit import cluster_shape, fit_profile, iterations_to_loss
+from tasks.profiling.fit import cluster_shape, curve_floor, fit_profile, iterations_to_loss
 from tasks.profiling.measurements import ProfilingError
 from tasks.runtime.evaluation import parse_target_metric
 from tests.profiling.synthetic import GAMMA_WITHOUT_R, synthetic_measurements
@@ -113,3 +114,23 @@ def test_a_target_metric_the_fitted_curve_cannot_reach_is_refused_in_the_metrics
         check_target_profiled(shortfall, val_acc.curve_target, acc_curve, 300.0, val_acc)
     reachable = parse_target_metric("val_acc>=0.86")
     check_target_profiled(shortfall, reachable.curve_target, acc_curve, 300.0, reachable)  # above the floor: planned
+
+
+def test_a_curves_floor_is_estimated_from_its_points_below_the_warm_up_knee():
+    assert curve_floor(_curve(10.0, 1.0, 400)) == pytest.approx(1.0, abs=0.05)
+    assert curve_floor(_curve(10.0, 0.2, 400, speed=0.5)) == pytest.approx(0.2, abs=0.05)
+    assert curve_floor(_curve(10.0, 1.0, 400)[:3]) is None  # too few points to tell
+    assert curve_floor([(j, 5.0) for j in range(1, 50)]) is None  # no fall
+
+
+def test_a_wave_trains_on_while_a_clusters_curve_levels_off_above_the_target():
+    """The issue's refusal: the clusters came near the target (within TARGET_APPROACH) but their
+    curves level off above it. The wave trains on (within its budget) instead of stopping there;
+    a target above the floors stops it as before."""
+    curves = [_curve(10.0, 0.5, 2000, speed=1.0), _curve(10.0, 0.5, 2000, speed=1.5)]  # down to about 0.59
+    assert trained_enough(curves, 0.45) and floor_blocks(curves, 0.45)  # approached, yet 0.45 < floor 0.5
+    assert not wave_done(curves, 0, 0.45)
+    assert trained_enough(curves, 0.55) and not floor_blocks(curves, 0.55) and wave_done(curves, 0, 0.55)
+    assert wave_done(curves, 0, None) and not floor_blocks(curves, None)  # no target: the band alone, as before
+    stopped_early = _curve(10.0, 1.0, 400)[:3]
+    assert wave_done([stopped_early, *curves], 1, 0.45)  # an earlier laggard still ends the wave
