@@ -54,8 +54,9 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
     shown = np.vectorize(slo.as_reported, otypes=[float])
     fig, (ax_loss, ax_cost) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     if obs:
-        ax_loss.plot([o.t_s for o in obs], shown([o.loss for o in obs]),
-                     label="observed (smoothed)" if metric is None else "observed (evaluations)", color="tab:blue")
+        ax_loss.plot([o.t_s for o in obs], shown([o.loss for o in obs]), color="tab:blue",
+                     **({"label": "observed (smoothed)"} if metric is None else
+                        {"label": "observed (evaluations)", "marker": "o", "ms": 3}))
         ax_cost.plot([o.t_s for o in session.observations], [o.spent_usd for o in session.observations],
                      label="observed spend (workers)", color="tab:blue")
     t_max = max(slo.deadline_s, obs[-1].t_s if obs else 0.0)
