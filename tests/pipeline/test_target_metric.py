@@ -1,5 +1,7 @@
 """A run that targets a metric of the workload's evaluate(model) (`--target-metric`): the request,
 the checks before launch, the plan and the verdict work on that metric's curve (docs/model.md)."""
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -93,3 +95,29 @@ def test_spotfill_run_refuses_a_bad_target_metric_in_one_line_before_anything_st
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_run_on_a_target_metric_is_profiled_planned_and_judged_on_it(prefect_harness, tmp_path, monkeypatch):
+    """The whole flow on the local provider, profiling included: the clusters' curves are the
+    metric's (1 - val_acc), the run tracks its evaluations and ends met on the metric."""
+    import json
+
+    from flows.train_with_slo import run_summary, train_with_slo
+    from tasks.pipeline.plugin_policy import ENV
+
+    monkeypatch.setenv(ENV, EVALUATED)  # what `spotfill run` allows for its local user
+    request = TrainRequest.model_validate({
+        "workload": EVALUATED, "slo": {"target_metric": "val_acc>=0.9", "deadline_s": 120},
+        "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"], "quotas": {"p3.2xlarge": 2, "g3.8xlarge": 2}},
+        "provider": {"name": "local"}, "artifacts_dir": str(tmp_path)})
+    summary = run_summary(train_with_slo(request, return_state=True))
+    assert summary["met"] and summary["verdict"].startswith("SLO met: val_acc "), summary["verdict"]
+    assert summary["target_metric"] == "val_acc>=0.9" and summary["final_metric"] >= 0.9
+    run_dir = Path(summary["report_dir"])
+    records = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if r["kind"] == "evaluation"]
+    assert summary["final_metric"] in [pytest.approx(r["metrics"]["val_acc"]) for r in evaluations]
+    (profile,) = tmp_path.glob("**/profile.json")
+    assert json.loads(profile.read_text())["provenance"]["settings"]["curve"] == "val_acc"
