@@ -2,7 +2,8 @@
 the parameter server's state, in a thread beside the PS with its own copy of the model.
 
 The update path pays one copy of the flat vector per evaluation (taken under the PS's lock, at
-exactly the N-th update); the forward passes run in the thread, off the lock. An N-th update that
+exactly the N-th update); the forward passes run in the thread, off the lock, at the lowest CPU
+priority (EVAL_NICE, per thread on Linux), so that on a PS short of cores the updates come first. An N-th update that
 comes while the previous evaluation still runs is skipped (counted in the next record), so a slow
 evaluate never queues up behind training. Each evaluation is a telemetry record `evaluation`
 (updates_total, version, snapshot_t, eval_s, metrics, skipped: due ones skipped since the
@@ -13,6 +14,7 @@ failure, in one line (evaluation.py's checks).
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from typing import Callable
@@ -26,6 +28,7 @@ from tasks.runtime.telemetry import TelemetryWriter
 from tasks.runtime.workloads import Workload
 
 CLOSE_WAIT_S = 10.0  # how long closing waits for an evaluation under way
+EVAL_NICE = 19  # the evaluation thread's CPU priority (lowest): on a PS short of cores, updates come first
 
 
 class PeriodicEvaluation:
@@ -72,6 +75,7 @@ class PeriodicEvaluation:
             self._thread.join(CLOSE_WAIT_S)
 
     def _run(self) -> None:
+        lower_priority()
         while True:
             self._due.wait()
             self._due.clear()
@@ -99,3 +103,12 @@ class PeriodicEvaluation:
                              **({"target": str(self.target), "met": met} if self.target is not None else {}))
         if met:
             self.on_met()
+
+
+def lower_priority() -> None:
+    """The calling thread to EVAL_NICE, where the OS sets priorities per thread (Linux); elsewhere,
+    or where it is refused, the thread keeps the process's priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), EVAL_NICE)
+    except (AttributeError, OSError):
+        return

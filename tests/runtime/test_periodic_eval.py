@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import threading
 
 import pytest
@@ -207,3 +209,20 @@ def test_spotfill_train_stops_once_an_evaluation_meets_the_target_metric(tmp_pat
     assert [r["updates_total"] % 10 for r in evaluations] == [0] * len(evaluations)
     assert [r["met"] for r in evaluations] == [False] * (len(evaluations) - 1) + [True]
     assert evaluations[-1]["metrics"]["val_acc"] >= 0.9 and evaluations[-1]["updates_total"] <= result["updates"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_the_evaluation_thread_runs_at_the_lowest_priority_and_the_ps_thread_keeps_its_own():
+    from tasks.runtime.periodic_eval import EVAL_NICE, lower_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = []
+
+    def evaluation_thread():
+        lower_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=evaluation_thread)
+    thread.start()
+    thread.join(WAIT_S)
+    assert seen == [EVAL_NICE] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
