@@ -142,7 +142,7 @@ def watch(session: TrainingSession, poll_s: float = 0.5) -> dict:
         asked = stages.pending_replan_request(session)
         if asked is not None and not session.drift_hold.answers(asked):
             logger.info("re-plan request for plan %s dropped: plan %s is in effect", asked.get("plan"), session.drift_hold.plan)
-        actions = decide(obs, target_loss=session.request.slo.target_loss, deadline_s=session.request.slo.deadline_s,
+        actions = decide(obs, target_loss=session.request.slo.curve_target, deadline_s=session.request.slo.deadline_s,
                          drift_action=session.request.drift_action, drift_ratio=session.check_drift(obs),
                          drift=session.drift_hold, asked=asked, plan_empty=not session.plans[-1].plan,
                          known_leaving=frozenset(session.leaving), probe_due=session.probe_due(obs.t_s))
@@ -256,7 +256,7 @@ def reattach(setup: RunSetup, run_dir: Path, explicit: bool) -> TrainingSession 
 
 @flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])
 def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
-    """Reach request.slo.target_loss before request.slo.deadline_s at the lowest cost. With
+    """Reach request.slo.target_loss (or its target_metric) before request.slo.deadline_s at the lowest cost. With
     `resume_run_id`, take over that live run instead of starting one (`spotfill run --resume`)."""
     logger = get_run_logger()
     ctx = FlowRunContext.get()

@@ -30,7 +30,13 @@
    a third of the step, the sum started bucket by bucket during backward (the runtime's way) and
    after backward (`--sum-after-backward`: before the overlap).
 
-`--part overhead|workers|gpus` runs one of the three.
+4. Evaluation during training: one runtime worker (the tiny case) alternating, in rounds, between
+   two parameter servers, one running the workload's evaluate every EVAL_EVERY_UPDATES updates on
+   its snapshot (tasks/runtime/periodic_eval.py) and one never; updates/s (whole rounds: the
+   evaluations' cost falls on a few steps, which a median would not see) with evaluation over
+   without: the training it retains (`evaluation_cost`).
+
+`--part overhead|workers|gpus|evaluation` runs one of the four.
 
 `run_runtime_bench(device, quick)` returns the whole result as a dict (for `spotfill bench gpu`);
 nothing here imports prefect or boto3.
@@ -85,6 +91,8 @@ SLOW_PCIE_BOUND_S = 0.2  # the overlap's case: a 2-GPU sum that needs a third of
 PS_BANDWIDTH_MBPS = 30.0
 WORKER_TYPE = "p3.2xlarge"  # relative speed 1.0 in the default catalog
 MAX_WORKERS = 8
+EVAL_EVERY_UPDATES = 50
+EVAL_WAIT_S = 120.0  # an evaluation of the tiny case takes about a second
 
 
 class _StepClock:
@@ -168,6 +176,64 @@ def overhead(artifacts: Path, case: Case, rounds: int, steps: int, device: str =
                                       and variant_of[r["worker"]] == variant]}
                 for variant in piece_mb}
     return {**measured["pieces"], **({"whole": measured["whole"]} if case.with_whole else {})}
+
+
+def evaluation_cost(artifacts: Path, case: Case, rounds: int, every_updates: int = EVAL_EVERY_UPDATES,
+                    device: str = "cpu") -> dict:
+    """Updates/s of one worker against a PS that evaluates every `every_updates` updates and
+    against one that never does, alternating rounds of 2 x `every_updates` updates (the first
+    step of each not counted); each rate is whole rounds' steps over their seconds. A warm-up of
+    half that puts the evaluations at a quarter and three quarters of each round, and an
+    evaluated round ends only once its evaluations have been written (that wait, if any, counts
+    as its time), so no evaluation runs during the other PS's round."""
+    import torch
+
+    torch.set_num_threads(1)
+    provider = LocalProvider(artifacts, bandwidth_scale=None)
+    steps, warm = 2 * every_updates - 1, every_updates // 2
+    runs = {}
+    try:
+        for label, every in (("evaluated", every_updates), ("not evaluated", None)):
+            runs[label] = driver.start_run(provider, f"evaluation-{label.replace(' ', '-')}", case.workload,
+                                           workload_options=case.options, ps_type=WORKER_TYPE,
+                                           checkpoint_every_s=3600.0, eval_every_updates=every)
+
+        def train(label: str, instance_id: str, max_steps: int) -> _StepClock:
+            host, port = runs[label].ps_address.rsplit(":", 1)
+            clock = _StepClock()
+            run_worker(WorkerConfig(host, int(port), case.workload, case.batch, case.options, device=device,
+                                    instance_id=instance_id, instance_type=WORKER_TYPE, max_steps=max_steps),
+                       listener=clock)
+            return clock
+
+        train("evaluated", "warm-up", warm)
+        seconds = {label: 0.0 for label in runs}
+        for round_ in range(rounds):
+            for label in runs:
+                clock = train(label, f"{label.replace(' ', '-')}-{round_}", steps + 1)
+                seconds[label] += clock.comm_end_s[steps] - clock.comm_end_s[0]
+            due = (warm + (round_ + 1) * (steps + 1)) // every_updates
+            waited_s = time.monotonic()
+            while sum(1 + r["skipped"] for r in read_records(runs["evaluated"].run_dir) if r["kind"] == "evaluation") < due:
+                if time.monotonic() - waited_s > EVAL_WAIT_S:
+                    raise TimeoutError(f"the PS wrote no evaluation of update {due * every_updates} within {EVAL_WAIT_S:g} s")
+                time.sleep(0.05)
+            seconds["evaluated"] += time.monotonic() - waited_s
+        for run in runs.values():
+            driver.stop_run(run)
+    finally:
+        for run in runs.values():
+            provider.cleanup(run.run_id)
+    evaluations = [r for r in read_records(runs["evaluated"].run_dir) if r["kind"] == "evaluation"]
+    rates = {label: rounds * steps / s for label, s in seconds.items()}
+    return {
+        "case": case.label, "every_updates": every_updates, "rounds": rounds, "steps_each": steps,
+        "updates_per_s_evaluated": rates["evaluated"], "updates_per_s_not_evaluated": rates["not evaluated"],
+        "retained": rates["evaluated"] / rates["not evaluated"],
+        "evaluations": len(evaluations), "skipped": sum(r["skipped"] for r in evaluations),
+        "eval_s_median": statistics.median(r["eval_s"] for r in evaluations) if evaluations else None,
+        "last_metrics": evaluations[-1]["metrics"] if evaluations else None,
+    }
 
 
 def loopback_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -306,7 +372,7 @@ def throughput_by_workers(artifacts: Path, counts: list[int], window_s: float, n
 
 
 INSTANCE_GPUS = (1, 2, 4)
-PARTS = ("overhead", "workers", "gpus")
+PARTS = ("overhead", "workers", "gpus", "evaluation")
 
 
 def emulated_type(gpus: int) -> InstanceType:
@@ -428,6 +494,8 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
         result["skipped"] = skipped
     if scaling and "gpus" in parts:
         result["inside_an_instance"] = scaling_inside_an_instance(runs, window_s=3.0 if quick else 10.0)
+    if "evaluation" in parts:
+        result["evaluation"] = evaluation_cost(runs, TINY, rounds=2 if quick else 6, device=device)
     if scaling and "workers" in parts:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
         curves = {}
@@ -487,4 +555,10 @@ def format_table(result: dict) -> str:
                                           for k in ("intra_sum_s", "intra_sum_link_s", "pcie_bound_s"))
             lines.append(f"  {compute} | {r['pcie_mbytes_per_s']:g} | {when} | {r['gpus']} | {r['samples_per_s']:.1f} | "
                          f"{over} | {exposed_s} | {link_s} | {bound_s}")
+    if "evaluation" in result:
+        e = result["evaluation"]
+        lines.append(f"evaluation during training ({e['case']}, every {e['every_updates']} updates, {e['rounds']} x "
+                     f"{e['steps_each']} steps each): {e['updates_per_s_evaluated']:.2f} updates/s evaluated, "
+                     f"{e['updates_per_s_not_evaluated']:.2f} not; retained {e['retained']:.3f}; "
+                     f"{e['evaluations']} evaluations ({e['skipped']} skipped), median {e['eval_s_median'] or 0:.3f} s each")
     return "\n".join(lines)

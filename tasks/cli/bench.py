@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--training-batch", type=batch_size, metavar="N",
                    help="filling only: the training job's batch (default 16 on CPU, where the "
                         "compute phase is shorter than the bubble as on a GPU; 128 on CUDA)")
-    p.add_argument("--part", choices=("overhead", "workers", "gpus"),
-                   help="runtime only: one part (the overhead cases, throughput against workers, or "
-                        "scaling inside a multi-GPU instance)")
+    p.add_argument("--part", choices=("overhead", "workers", "gpus", "evaluation"),
+                   help="runtime only: one part (the overhead cases, throughput against workers, "
+                        "scaling inside a multi-GPU instance, or the cost of evaluating during training)")
     p.set_defaults(handler=_run)
 
 

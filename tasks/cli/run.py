@@ -16,6 +16,7 @@ from tasks.core.traces import load_trace, trace_path
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, solver_names
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
+from tasks.runtime.evaluation import parse_target_metric
 
 # The README's main job: a small transformer LM on the two types of the quick profiling preset.
 # At least three workers, so that a revocation leaves survivors, from a market with two of each
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default=DEMO["workload"])
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--loss", type=cli_args.positive_float, default=DEMO["target_loss"], help="target loss")
+    p.add_argument("--target-metric", type=cli_args.arg_type(parse_target_metric), default=None, metavar="NAME<=X|NAME>=X",
+                   help="reach this metric of the workload's evaluate(model) instead of --loss, e.g. 'val_acc>=0.9' "
+                        "(profiled, planned and watched on its curve: docs/model.md)")
     p.add_argument("--deadline", type=cli_args.duration_s, default=DEMO["deadline_s"], help="seconds")
     p.add_argument("--types", default=",".join(DEMO["candidates"]), help="candidate instance types")
     p.add_argument("--quota", type=cli_args.counts, default=None,
@@ -161,7 +165,8 @@ def build_request(args: argparse.Namespace):
             "workload": args.workload,
             "workload_options": parse_options(args.workload_opt) if args.workload_opt else
             (DEMO["workload_options"] if args.workload == DEMO["workload"] else {}),
-            "slo": {"target_loss": args.loss, "deadline_s": args.deadline},
+            "slo": {"target_loss": args.loss, "deadline_s": args.deadline,
+                    "target_metric": None if args.target_metric is None else str(args.target_metric)},
             "candidates": {"types": types, "quotas": market["quotas"], "min_workers": market["min_workers"],
                            "on_demand_quota": args.on_demand_quota, "spot_probe_s": args.spot_probe_s},
             "profile": args.profile, "profiling": args.profiling, "solver": args.solver, "risk_level": args.risk_level,
@@ -211,7 +216,8 @@ def check_request(request) -> None:
                                    "slo_s": request.filling.online_slo_s})
         if local:
             check_device(fill)
-    check_workload(request.workload, request.workload_options)  # builds the model, trains one step
+    # builds the model, trains one step, and with a target metric evaluates it once
+    check_workload(request.workload, request.workload_options, target_metric=request.slo.metric)
 
 
 def check_first_plan(setup) -> None:
@@ -316,7 +322,11 @@ def _run_flow(request, args: argparse.Namespace) -> int:
     bar = ProgressBar(100, "training")
 
     def show(session, obs) -> None:
-        note = f"loss {obs.loss:.3f}" if obs.loss is not None else "starting"
+        metric = request.slo.metric
+        if obs.loss is None:
+            note = "starting"
+        else:
+            note = f"loss {obs.loss:.3f}" if metric is None else f"{metric.name} {metric.on_curve(obs.loss):.3f}"
         bar.advance(int(100 * max(obs.loss_fraction, obs.time_fraction)) - bar.done, f"{note} ${obs.spent_usd:.4f}")
 
     stages.PROGRESS_LISTENERS.append(show)

@@ -15,7 +15,7 @@ from tasks.core.progress import ProgressBar
 from tasks.core.traces import load_trace
 from tasks.core.command_line import arg_type
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES
-from tasks.runtime.evaluation import parse_target_metric
+from tasks.runtime.evaluation import DEFAULT_EVAL_EVERY_UPDATES, parse_target_metric
 
 # Local workers are processes on this machine: more than this is a typo that would swamp it.
 DEFAULT_MAX_LOCAL_WORKERS = 16
@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-loss", type=positive_float, default=None, help="stop at this smoothed loss")
     p.add_argument("--target-metric", type=arg_type(parse_target_metric), default=None, metavar="NAME<=X|NAME>=X",
                    help="judge the trained model on a metric its workload's evaluate(model) reports (docs/plugins.md)")
+    p.add_argument("--eval-every-updates", type=positive_int, default=DEFAULT_EVAL_EVERY_UPDATES,
+                   help="the PS runs the workload's evaluate(model), if it has one, every N updates; with "
+                        "--target-metric it stops once the target is met (docs/plugins.md)")
     p.add_argument("--timeout-s", type=duration_s, default=600.0, help="stop after this long")
     p.add_argument("--ps-mbps", type=cli_args.mbps, default=None, help="emulated PS bandwidth cap (each shard's)")
     p.add_argument("--num-ps", type=positive_int, default=1, help="PS shards the parameters are split across")
@@ -131,7 +134,8 @@ def _train_owned(args: argparse.Namespace, provider, run_id: str, options: dict,
     run = driver.start_run(provider, run_id, args.workload, workload_options=options,
                            ps_mbps=args.ps_mbps, checkpoint_every_s=args.checkpoint_every_s, num_ps=args.num_ps,
                            max_updates=args.max_updates, target_loss=args.target_loss,
-                           async_rule=args.async_rule)
+                           async_rule=args.async_rule, eval_every_updates=args.eval_every_updates,
+                           target_metric=str(args.target_metric) if args.target_metric else None)
     try:
         for instance_type, n in args.workers.items():
             driver.add_workers(run, instance_type, n, args.batch_size * provider.types[instance_type].gpus)

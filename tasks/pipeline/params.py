@@ -17,6 +17,7 @@ from tasks.core.catalog import known_region
 from tasks.core.limits import MAX_DURATION_S
 from tasks.core.traces import trace_path
 from tasks.pipeline.plugin_policy import check_deployment_workload
+from tasks.runtime.evaluation import TargetMetric, parse_target_metric
 from tasks.runtime.lease import DEFAULT_LEASE_S
 from tasks.planner.problem import RISK_LEVEL
 from tasks.planner.solvers import DEFAULT_SOLVER, get_solver, solver_names
@@ -26,13 +27,52 @@ SolverName = Literal[solver_names()]  # the planner's table (tasks/planner/solve
 
 
 class SLO(BaseModel):
-    """What the user is promised: reach `target_loss` within `deadline_s` of the launch."""
+    """What the user is promised: reach `target_loss` (or, given, `target_metric`) within
+    `deadline_s` of the launch."""
 
     model_config = _STRICT
     target_loss: float = Field(1.7, gt=0, strict=True, title="Target loss",
                                description="training loss to reach (smoothed over updates)")
     deadline_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, title="Deadline (s)",
                               description="seconds from the launch of training")
+    target_metric: str | None = Field(None, title="Target metric", description=(
+        "NAME<=X or NAME>=X: reach this metric of the workload's evaluate(model) on held-out data instead of "
+        "the training loss (docs/model.md, A target metric)"))
+
+    @field_validator("target_metric")
+    @classmethod
+    def _metric_parses(cls, text: str | None) -> str | None:
+        return None if text is None else str(parse_target_metric(text))
+
+    @property
+    def metric(self) -> TargetMetric | None:
+        return None if self.target_metric is None else parse_target_metric(self.target_metric)
+
+    @property
+    def curve_target(self) -> float:
+        """The target on the loss curve's scale, the one profiled, planned and watched:
+        `target_loss`, or the target metric's (evaluation.py)."""
+        metric = self.metric
+        return self.target_loss if metric is None else metric.curve_target
+
+    def as_reported(self, tracked: float) -> float:
+        """A value on the curve's scale as the user reads it: the loss, or the metric itself."""
+        metric = self.metric
+        return tracked if metric is None else metric.on_curve(tracked)
+
+    def state_text(self, tracked: float | None) -> str:
+        """Where a run stands against its target: `loss 0.1234 (target 1.7)`, or
+        `val_acc 0.9123 (target val_acc>=0.9)`; `tracked` is on the curve's scale."""
+        value = "n/a" if tracked is None else f"{self.as_reported(tracked):.4f}"
+        if self.target_metric is None:
+            return f"loss {value} (target {self.target_loss:g})"
+        return f"{self.metric.name} {value} (target {self.target_metric})"
+
+
+def profiled_curve(slo: SLO) -> dict:
+    """What a profile's settings record of the curve it was fitted on: {} for the training loss,
+    {"curve": NAME} for a target metric's (a run checks a given profile against it)."""
+    return {} if slo.metric is None else {"curve": slo.metric.name}
 
 
 class Candidates(BaseModel):

@@ -50,23 +50,28 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
 
     obs = [o for o in session.observations if o.loss is not None]
     slo = session.request.slo
+    metric = slo.metric  # with one, its curve is plotted as the metric reads (as_reported)
+    shown = np.vectorize(slo.as_reported, otypes=[float])
     fig, (ax_loss, ax_cost) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     if obs:
-        ax_loss.plot([o.t_s for o in obs], [o.loss for o in obs], label="observed (smoothed)", color="tab:blue")
+        ax_loss.plot([o.t_s for o in obs], shown([o.loss for o in obs]), color="tab:blue",
+                     **({"label": "observed (smoothed)"} if metric is None else
+                        {"label": "observed (evaluations)", "marker": "o", "ms": 3}))
         ax_cost.plot([o.t_s for o in session.observations], [o.spent_usd for o in session.observations],
                      label="observed spend (workers)", color="tab:blue")
     t_max = max(slo.deadline_s, obs[-1].t_s if obs else 0.0)
     first = session.started_plan
     if first is not None and first.plan and np.isfinite(first.predicted_time_s):
         t, loss = predicted_curve(session, t_max)
-        ax_loss.plot(t, loss, "--", label=f"predicted, plan launched ({first.predicted_time_s:.0f} s)",
+        ax_loss.plot(t, shown(loss), "--", label=f"predicted, plan launched ({first.predicted_time_s:.0f} s)",
                      color="tab:orange")
         start_s = session.request.overhead_s
         ax_cost.plot([start_s, start_s + first.predicted_time_s], [0, first.predicted_cost_usd], "--",
                      color="tab:orange", label="predicted spend, plan launched")
-    ax_loss.axhline(slo.target_loss, color="tab:green", lw=1, label=f"target loss {slo.target_loss:g}")
+    target_label = f"target loss {slo.target_loss:g}" if metric is None else f"target {metric}"
+    ax_loss.axhline(slo.as_reported(slo.curve_target), color="tab:green", lw=1, label=target_label)
     if obs:  # Eq. 3 grows without bound as j -> 0: show the losses the run went through
-        seen = [o.loss for o in obs] + [slo.target_loss]
+        seen = list(shown([o.loss for o in obs] + [slo.curve_target]))
         pad = 0.05 * (max(seen) - min(seen) or 1.0)
         ax_loss.set_ylim(min(seen) - pad, max(seen) + pad)
     for ax in (ax_loss, ax_cost):
@@ -89,7 +94,7 @@ def plot_timeline(session: TrainingSession, path: Path) -> Path:
     if any(on_demand):
         ax_cost.plot([o.t_s for o in session.observations], on_demand, label="of which on-demand workers",
                      color="tab:olive")
-    ax_loss.set_ylabel("training loss")
+    ax_loss.set_ylabel("training loss" if metric is None else f"{metric.name} (held out)")
     ax_cost.set_ylabel("USD")
     ax_cost.set_xlabel("seconds since launch")
     ax_loss.set_title(f"{session.run_id}: {session.request.workload}, predicted vs observed")
@@ -149,7 +154,6 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     slo = session.request.slo
     first = session.started_plan
     word = "SLO met" if result["met"] else "SLO missed"
-    loss = "n/a" if result["final_loss"] is None else f"{result['final_loss']:.4f}"
     start_s = session.request.overhead_s  # the start-up allowance (T_ohd), outside the predicted time
     predicted_t = "n/a"
     if first:
@@ -161,13 +165,21 @@ def verdict(session: TrainingSession, result: dict, harvested: dict) -> str:
     on_demand = session.on_demand_workers
     fallback = (f"; {len(on_demand)} on-demand worker(s) ({', '.join(sorted({w['type'] for w in on_demand}))}) "
                 f"cost ${result.get('on_demand_spent_usd', 0.0):.4f} of it" if on_demand else "")
-    return (f"{word}: loss {loss} (target {slo.target_loss:g}) after {result['observed_time_s']:.1f} s of "
+    return (f"{word}: {slo.state_text(result['final_loss'])} after {result['observed_time_s']:.1f} s of "
             f"{slo.deadline_s:g} s (predicted {predicted_t}){stop_cause(result)}; cost ${result['spent_usd']:.4f} (predicted {predicted_c}, "
             f"plus ${result['ps_spent_usd']:.4f} for the on-demand PS); final plan "
             f"{plan_text(session.plans[-1].plan) if session.plans else 'n/a'}; "
             f"{session.revocations} revocation(s), {session.replans} re-plan(s){shortfall}{fallback}; "
             f"inference harvested: {harvested['offline_samples']} offline samples, "
             f"{harvested['online_requests']} online requests")
+
+
+def metric_outcome(slo, result: dict) -> dict:
+    """With a target metric, the summary's: the target, and the final value as the metric reads."""
+    if slo.target_metric is None:
+        return {}
+    final = result["final_loss"]
+    return {"target_metric": slo.target_metric, "final_metric": None if final is None else slo.as_reported(final)}
 
 
 def finite_or_none(value):
@@ -189,6 +201,7 @@ def write_run_report(session: TrainingSession, result: dict, stage_seconds: dict
     summary = {
         "run_id": session.run_id, "verdict": verdict(session, result, harvested), **result,
         "deadline_s": session.request.slo.deadline_s, "target_loss": session.request.slo.target_loss,
+        **metric_outcome(session.request.slo, result),
         "predicted_time_s": session.started_plan.predicted_time_s if session.started_plan else None,
         "predicted_cost_usd": session.started_plan.predicted_cost_usd if session.started_plan else None,
         "final_plan": session.plans[-1].plan if session.plans else {}, "shortfalls": session.shortfalls,

@@ -33,6 +33,7 @@ from tasks.planner.on_demand import base_type, is_on_demand, on_demand_name
 from tasks.planner.solvers import get_solver
 from tasks.providers.base import Instance, LaunchResult, ProviderEvent
 from tasks.providers.plan_step import launch_step
+from tasks.runtime.evaluation import metric_evaluation, tracked_value
 
 if TYPE_CHECKING:  # an annotation only: importing the setup costs 0.4 s (boto3, the profiling fits)
     from tasks.pipeline.setup import RunSetup
@@ -130,7 +131,7 @@ class TrainingSession:
         spot = {t: n for t, n in self.quota.items() if not is_on_demand(t)}
         on_demand = {base_type(t): n for t, n in self.quota.items() if is_on_demand(t)}
         return PlanRequest(
-            profile=self.profile, loss_target=self.request.slo.target_loss, deadline_s=deadline_s,
+            profile=self.profile, loss_target=self.request.slo.curve_target, deadline_s=deadline_s,
             existing=existing or {}, quota=spot, on_demand_quota=on_demand, overhead_s=self.request.overhead_s,
             current_loss=current_loss, solver=self.request.solver, confidence=self.request.confidence,
             min_workers=self.min_workers(), **self.risk_options(),
@@ -201,7 +202,8 @@ class TrainingSession:
         self.run = start_run(self.provider, self.run_id, self.request.workload,
                              workload_options=self.request.workload_options, run_dir=self.run_dir,
                              ps_type=self.ps_type, ps_mbps=self.ps_megabits_per_s, async_rule=self.request.async_rule,
-                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s, durable_url=self.durable_url)
+                             num_ps=self.profile.num_ps, lease_s=self.request.lease_s, durable_url=self.durable_url,
+                             **metric_evaluation(self.request.slo.metric))
 
     def launch(self, plan: dict[str, int], plan_id: str) -> LaunchResult:
         """Start what `plan` has beyond the running workers, as one plan step (idempotent per
@@ -337,13 +339,14 @@ class TrainingSession:
         if self.releasing[0] and all_joined(progress, sum(workers.values())):
             self.release_on_demand()
         ps_spent = self.ps_cost.advance(now, self.ps_usd_per_h)
-        if self.initial_loss is None and progress.smoothed_loss is not None:
-            self.initial_loss = progress.smoothed_loss
         slo = self.request.slo
+        tracked = tracked_value(progress, slo.metric)  # the smoothed loss, or the target metric on its scale
+        if self.initial_loss is None and tracked is not None:
+            self.initial_loss = tracked
         obs = Observation(
-            t_s=self.elapsed_s(), loss=progress.smoothed_loss, updates=progress.updates_total,
+            t_s=self.elapsed_s(), loss=tracked, updates=progress.updates_total,
             samples=progress.samples_total, workers=workers, spent_usd=spent, ps_spent_usd=ps_spent,
-            loss_fraction=loss_progress(self.initial_loss, progress.smoothed_loss, slo.target_loss),
+            loss_fraction=loss_progress(self.initial_loss, tracked, slo.curve_target),
             time_fraction=min(1.0, self.elapsed_s() / slo.deadline_s), events=events, stopped=progress.stopped,
             on_demand_spent_usd=on_demand_spent,
         )
@@ -369,7 +372,7 @@ class TrainingSession:
                 "updates": obs.updates, "samples": obs.samples, "stopped": obs.stopped}
 
     def reached_target(self, obs: Observation) -> bool:
-        return obs.loss is not None and obs.loss <= self.request.slo.target_loss
+        return obs.loss is not None and obs.loss <= self.request.slo.curve_target
 
     def predicted_updates_per_s(self, workers: dict[str, int]) -> float:
         """The model's iteration rate 1/Texp = sum n_m / T_m(n) for a cluster."""
@@ -382,7 +385,7 @@ class TrainingSession:
     def loss_curve(self, plan: dict[str, int]) -> tuple[LossCurve, float]:
         """The model's loss curve for a cluster, and its iteration time Texp (seconds per update)."""
         model = Model.from_profile(self.profile)
-        r = model.evaluate(model.counts_vector(hardware_counts(plan)), self.request.slo.target_loss)
+        r = model.evaluate(model.counts_vector(hardware_counts(plan)), self.request.slo.curve_target)
         g = self.profile.loss
         a = float(model.curve_numerator(r["wa_batch"][0], r["cc"][0], r["workers"][0]))  # Eq. 3, as the planner's
         return LossCurve(a, g.gamma1, g.gamma5), float(r["iteration_time_s"][0])
@@ -422,7 +425,7 @@ class TrainingSession:
 
     def replan(self, reason: str, obs: Observation, leaving: set[str] = frozenset()) -> PlanResult:
         """Re-plan (decide_replan) and launch the takeover; training carries on meanwhile."""
-        current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.target_loss else None
+        current = obs.loss if obs.loss is not None and obs.loss > self.request.slo.curve_target else None
         self.leaving |= set(leaving)
         result = self.decide_replan(reason, obs.t_s, current)
         result = self.launch_plan(result, f"replan-{self.replans}", current)

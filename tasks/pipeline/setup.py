@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks.core.errors import UserInputError
-from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.params import TrainRequest, profiled_curve
 from tasks.profiling.presets import Preset, local_provider, preset
 from tasks.profiling.workflow import ProfilingJob
 from tasks.providers.aws import AwsConfig, AwsProvider, load_aws_config
@@ -38,7 +38,8 @@ class RunSetup:
         r = self.request
         return ProfilingJob(self.preset, self.emulation, r.provider.name, async_rule=r.async_rule,
                             quotas={t: r.candidates.quota(t) for t in r.candidates.types},
-                            target_loss=r.slo.target_loss, provenance_settings={"preset": r.profiling})
+                            target_loss=r.slo.curve_target, target_metric=r.slo.target_metric,
+                            provenance_settings={"preset": r.profiling, **profiled_curve(r.slo)})
 
 
 def profiling_preset(request: TrainRequest) -> Preset:

@@ -17,7 +17,7 @@ from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile, load_profile, profile_from_dict
 from tasks.core.traces import trace_path
 from tasks.pipeline import journal
-from tasks.pipeline.params import TrainRequest
+from tasks.pipeline.params import TrainRequest, profiled_curve
 from tasks.pipeline.report import finite_or_none, stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
 from tasks.providers.capacity_replay import drought
@@ -52,6 +52,11 @@ def load_request_profile(request: TrainRequest) -> Profile:
     missing = [t for t in request.candidates.types if t not in profile.type_names]
     if missing:
         raise UserInputError(f"profile {request.profile} does not describe {', '.join(missing)}")
+    fitted_on = ((profile.model_extra or {}).get("provenance") or {}).get("settings", {}).get("curve")
+    wanted = profiled_curve(request.slo).get("curve")
+    if fitted_on != wanted:  # a loss curve is no prediction of a metric's, nor one metric's of another's
+        raise UserInputError(f"profile {request.profile} was fitted on {fitted_on or 'the training loss'}, the run targets "
+                             f"{wanted or 'the training loss'}: give a profile made for it, or no --profile to profile afresh")
     data = profile.model_dump()
     data["instances"] = [i for i in data["instances"] if i["type"] in request.candidates.types]
     for inst in data["instances"]:
@@ -128,9 +133,8 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
     except (OSError, json.JSONDecodeError):
         last = {"t_s": 0.0, "loss": None, "spent_usd": 0.0, "ps_spent_usd": 0.0}
     ended = max(terminated, len(last.get("instances", [])))
-    loss = "n/a" if last["loss"] is None else f"{last['loss']:.4f}"
-    verdict = (f"Run {state_name.lower()} after {last['t_s']:.1f} s of training: loss {loss} (target "
-               f"{request.slo.target_loss:g}); spent ${last['spent_usd']:.4f} on workers plus "
+    verdict = (f"Run {state_name.lower()} after {last['t_s']:.1f} s of training: {request.slo.state_text(last['loss'])}; "
+               f"spent ${last['spent_usd']:.4f} on workers plus "
                f"${last['ps_spent_usd']:.4f} for the PS; {ended} instance(s) ended at the stop")
     summary = {"run_id": run_id, "state": state_name, "verdict": verdict, "met": False, **last,
                "ended_at_stop": ended}

@@ -15,7 +15,9 @@ when the budget ends is a ProfilingError saying to raise the budget.
 
 A loss target moves that end: the clusters train on until each has come within TARGET_APPROACH
 times the target (`target_approached`), so the curve is fitted on losses near the target rather than
-extrapolated from a band far above it; a budget that ends first only stops them. After the fit,
+extrapolated from a band far above it, and on while a cluster's own curve still levels off at or
+above the target (`floor_blocks`: the fit would refuse a target the model may yet reach); a budget
+that ends first only stops them. After the fit,
 `check_target_profiled` refuses a target the fitted curve still cannot reach, in one line with the
 lowest target that can be planned and the budget that would train the clusters to it.
 """
@@ -27,12 +29,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tasks.core.profile import LossCurve
-from tasks.profiling.fit import cluster_shape, iterations_to_loss, loss_band
+from tasks.profiling.fit import cluster_shape, curve_floor, iterations_to_loss, loss_band
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, WorkerObservation, megabits_to_mbps
 from tasks.profiling.runs import (
     WARMUP_UPDATES, check_not_diverged, start_workers, update_records, wait_until, worker_batch,
 )
 from tasks.providers.base import Provider
+from tasks.runtime.evaluation import TargetMetric, metric_curve, metric_evaluation
 
 
 def loss_smoothing() -> float:
@@ -78,6 +81,24 @@ def trained_enough(curves: list[list[tuple[int, float]]], target_loss: float | N
     return band_reached(curves) and target_approached(curves, target_loss)
 
 
+def floor_blocks(curves: list[list[tuple[int, float]]], target_loss: float | None) -> bool:
+    """Whether a cluster's curve, fitted alone, still levels off at or above the target (no target:
+    never): the fit on these curves would refuse a target the model may yet reach, so its cluster
+    trains on toward it while the budget lasts (`wave_done`)."""
+    if target_loss is None:
+        return False
+    floors = [curve_floor(c) for c in curves]
+    return any(f is not None and f >= target_loss for f in floors)
+
+
+def wave_done(curves: list[list[tuple[int, float]]], earlier: int, target_loss: float | None) -> bool:
+    """Whether a wave (the curves after the first `earlier`, which are stopped) may stop before its
+    deadline: all trained enough and none of its clusters' curves levelling off above the target;
+    or an earlier curve is the laggard (training these on only lowers the band further below it)."""
+    return ((trained_enough(curves, target_loss) and not floor_blocks(curves[earlier:], target_loss))
+            or laggard(curves) < earlier)
+
+
 def no_band_error(curves: list[list[tuple[int, float]]], budget_s: float) -> ProfilingError:
     lows = ", ".join(f"{min(l for _, l in c):.4g}" for c in curves if c)
     return ProfilingError(f"the profiled clusters did not cross a common loss band within the profiling budget of "
@@ -106,23 +127,33 @@ def budget_to_reach(clusters: list[ClusterMeasurement], curve: LossCurve, target
     return math.ceil(budget_s * scale / 10) * 10
 
 
-def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float, curve: LossCurve, budget_s: float) -> None:
+def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float, curve: LossCurve, budget_s: float,
+                          target_metric: TargetMetric | None = None) -> None:
     """A loss target the fitted `curve` cannot reach (at or below its gamma5), or one far below what
     the clusters reached within the profiling budget `budget_s`, is refused before planning, in
-    one line: the lowest target that can be planned, and what would change that."""
+    one line: the lowest target that can be planned, and what would change that. With
+    `target_metric` the curve is that metric's (`target_loss` its target on the curve's scale) and
+    the line speaks of the metric."""
     lowest = min(loss for c in clusters for _, loss in c.losses)
     floor = max(lowest_reachable_target(clusters), curve.gamma5 + FLOOR_MARGIN * abs(curve.gamma5))
     if target_loss >= floor:
         return
+    if target_metric is None:
+        what, seen, curve_name = f"loss target {target_loss:g}", f"lowest smoothed loss {lowest:.4g}", "loss curve"
+        aim, beyond, side = f"--loss {floor:.4g}", "below", "above"
+    else:
+        m = target_metric
+        what, seen, curve_name = f"target metric {m}", f"best {m.name} {m.on_curve(lowest):.4g}", f"{m.name} curve"
+        aim, beyond, side = f"{m.name}{m.direction}{m.on_curve(floor):.4g}", "beyond", "above" if m.direction == "<=" else "below"
     if target_loss <= curve.gamma5:
-        raise ProfilingError(f"loss target {target_loss:g} is unreachable: profiling trained toward it (lowest smoothed "
-                             f"loss {lowest:.4g}) and the fitted loss curve levels off at gamma5 = {curve.gamma5:.4g}; "
-                             f"aim at --loss {floor:.4g} or above")
+        raise ProfilingError(f"{what} is unreachable: profiling trained toward it ({seen}) and the fitted {curve_name} "
+                             f"levels off at gamma5 = {curve.gamma5:.4g}; aim at {aim} or {side}")
     needed_s = budget_to_reach(clusters, curve, target_loss, budget_s)
-    raise ProfilingError(f"loss target {target_loss:g} is below what profiling saw within its budget of {budget_s:g} s "
-                         f"(lowest smoothed loss {lowest:.4g}; targets down to {floor:.4g} are planned): raise "
+    planned = f"{floor:.4g}" if target_metric is None else aim
+    raise ProfilingError(f"{what} is {beyond} what profiling saw within its budget of {budget_s:g} s "
+                         f"({seen}; targets down to {planned} are planned): raise "
                          f"--profile-budget-s to about {needed_s:g} so the clusters train down to it, or aim at "
-                         f"--loss {floor:.4g} or above")
+                         f"{aim} or {side}")
 
 
 def smoothed_losses(updates: list[dict], factor: float) -> list[tuple[int, float]]:
@@ -132,6 +163,13 @@ def smoothed_losses(updates: list[dict], factor: float) -> list[tuple[int, float
         ema = u["loss"] if ema is None else (1 - factor) * ema + factor * u["loss"]
         out.append((u["version"], ema))
     return out
+
+
+def run_curve(run, factor: float, target_metric: TargetMetric | None) -> list[tuple[int, float]]:
+    """The curve a cluster is profiled on: its smoothed training loss, or with a target metric that
+    metric's evaluations on the loss curve's scale (evaluation.py)."""
+    updates = update_records(run)  # polls the telemetry
+    return smoothed_losses(updates, factor) if target_metric is None else metric_curve(run.reader.records, target_metric)
 
 
 def worker_observations(updates: list[dict], batches: dict[int, int], where: str) -> list[WorkerObservation]:
@@ -158,7 +196,8 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                      ps_megabits_per_s: float | None = None, ps_bandwidth_mbps: float | None = None,
                      ps_type: str | None = None, side_by_side: int | None = None,
                      budget_s: float = 300.0, async_rule: str | None = None,
-                     target_loss: float | None = None) -> list[ClusterMeasurement]:
+                     target_loss: float | None = None,
+                     target_metric: TargetMetric | None = None) -> list[ClusterMeasurement]:
     """Train every cluster for at least `duration_s` seconds of updates each, and on until they
     all cross a common loss band and, with `target_loss`, come near it (`trained_enough`; a wave
     whose share of the budget ends with a band but short of the target stops there), `side_by_side` at a time (default: all at once), in the order
@@ -194,11 +233,11 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                                     duration_s=duration_s, workload_options=workload_options,
                                     ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type,
                                     deadline_s=started_s + budget_s * k / len(waves), budget_s=budget_s,
-                                    earlier=[smoothed_losses(update_records(r), factor) for r in runs],
-                                    async_rule=async_rule, target_loss=target_loss)
+                                    earlier=[run_curve(r, factor, target_metric) for r in runs],
+                                    async_rule=async_rule, target_loss=target_loss, target_metric=target_metric)
     stage_end_s = started_s + budget_s
     again = 0
-    while not band_reached(curves := [smoothed_losses(update_records(r), factor) for r in runs]):
+    while not band_reached(curves := [run_curve(r, factor, target_metric) for r in runs]):
         if time.monotonic() > stage_end_s:
             raise no_band_error(curves, budget_s)
         k, again = laggard(curves), again + 1
@@ -206,7 +245,8 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
                                       duration_s=duration_s, workload_options=workload_options,
                                       ps_megabits_per_s=ps_megabits_per_s, ps_type=ps_type, deadline_s=stage_end_s,
                                       budget_s=budget_s, earlier=curves[:k] + curves[k + 1:],
-                                      async_rule=async_rule, target_loss=target_loss)[0]
+                                      async_rule=async_rule, target_loss=target_loss,
+                                      target_metric=target_metric)[0]
     wall_s = time.monotonic() - started_s
     results = []
     for cluster, run in zip(clusters, runs):
@@ -222,7 +262,7 @@ def profile_clusters(provider: Provider, run_id: str, workload: str, measurement
         results.append(ClusterMeasurement(
             cluster={t: n for t, n in cluster.items() if n}, workers=workers, ps_bandwidth_mbps=ps_bandwidth_mbps,
             updates_total=len(updates), duration_s=span_s, ps_throughput_mbps=2 * size_mb * len(updates) / span_s,
-            losses=smoothed_losses(updates, factor), wall_s=wall_s,
+            losses=run_curve(run, factor, target_metric), wall_s=wall_s,
         ))
     return results
 
@@ -231,7 +271,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
                         numbered: list[tuple[int, dict[str, int]]], *, duration_s: float, workload_options: dict | None,
                         ps_megabits_per_s: float | None, ps_type: str | None, deadline_s: float,
                         budget_s: float, earlier: list[list[tuple[int, float]]], async_rule: str | None,
-                        target_loss: float | None = None) -> list:
+                        target_loss: float | None = None, target_metric: TargetMetric | None = None) -> list:
     """Start the clusters at once, wait until each trained `duration_s` and all of them with the
     `earlier` waves' curves are trained enough (a common loss band; near `target_loss`) by
     `deadline_s`, or until an earlier curve is the laggard (training these on only lowers the band
@@ -244,7 +284,7 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
         k, cluster = k_cluster
         run = start_run(provider, f"{run_id}-c{k}", workload, workload_options=workload_options,
                         ps_type=ps_type or next(iter(cluster)), ps_mbps=ps_megabits_per_s, checkpoint_every_s=3600.0,
-                        async_rule=async_rule)
+                        async_rule=async_rule, **metric_evaluation(target_metric))
         runs.append(run)
         for instance_type, count in cluster.items():
             if count:
@@ -268,8 +308,8 @@ def _train_side_by_side(provider: Provider, run_id: str, workload: str, by_type:
             wait_until(run, long_enough(cluster), deadline_s, what=f"within the profiling budget of {budget_s:g} s "
                        f"(raise --profile-budget-s)")
         while True:
-            curves = earlier + [smoothed_losses(update_records(run), factor) for run in ordered]
-            if trained_enough(curves, target_loss) or laggard(curves) < len(earlier):
+            curves = earlier + [run_curve(run, factor, target_metric) for run in ordered]
+            if wave_done(curves, len(earlier), target_loss):
                 break
             if time.monotonic() > deadline_s:
                 if band_reached(curves):

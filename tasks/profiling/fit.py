@@ -305,6 +305,35 @@ def loss_band(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[float, flo
     return top, bottom
 
 
+FLOOR_MIN_POINTS = 5  # points below the warm-up knee a curve needs before its floor is estimated
+
+
+def curve_floor(points: Sequence[tuple[int, float]]) -> float | None:
+    """Where one cluster's curve levels off: Eq. 3's form for a single cluster, a / (j + b) + c,
+    fitted (in loss space) to its points below the warm-up knee (BAND_TOP of its fall above its
+    lowest); c, or None while there are too few points to tell or no fall."""
+    arr = np.asarray(points, dtype=float).reshape(-1, 2)
+    if len(arr) < FLOOR_MIN_POINTS:
+        return None
+    lowest = float(arr[:, 1].min())
+    fall = float(arr[0, 1]) - lowest
+    if not fall > 0:
+        return None
+    knee = int(np.argmax(arr[:, 1] <= lowest + BAND_TOP * fall))
+    j, loss = arr[knee:, 0], arr[knee:, 1]
+    if len(j) < FLOOR_MIN_POINTS or not float(loss.max()) > lowest:
+        return None
+    lower = np.array([0.0, 0.0, min(0.0, lowest - abs(lowest) - 1.0)])
+    upper = np.array([np.inf, 1e6, lowest - 1e-3 * (float(loss.max()) - lowest)])
+    starts = [np.array([max(float(loss[0]) - c, 1e-6) * (float(j[0]) + b), b, c])
+              for b in (10.0, 100.0, 1000.0) for c in (0.9 * lowest, 0.5 * lowest)]
+    try:
+        result, _ = _least_squares("loss floor", lambda x: x[0] / (j + x[1]) + x[2] - loss, starts, lower, upper, None)
+    except ProfilingError:
+        return None
+    return float(result.x[2])
+
+
 def crossings(points: Sequence[tuple[int, float]], top: float, bottom: float,
               levels: int = LOSS_LEVELS) -> tuple[np.ndarray, np.ndarray]:
     """(j, level): the first update at which the smoothed loss was at or below each of `levels`

@@ -42,7 +42,8 @@ def profile_type(provider: Provider, run_id: str, workload: str, instance_type: 
     itype = {t.name: t for t in provider.list_types()}.get(instance_type)
     gpus, batch = worker_batch(provider, instance_type, batch_per_gpu)
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=ps_type or instance_type,
-                    ps_mbps=ps_megabits_per_s, max_updates=iterations, checkpoint_every_s=3600.0)
+                    ps_mbps=ps_megabits_per_s, max_updates=iterations, checkpoint_every_s=3600.0,
+                    eval_every_updates=None)  # the worker's own times alone: nothing else on the PS
     try:
         start_workers(run, instance_type, 1, batch)
         wait_until(run, lambda p: False, time.monotonic() + timeout_s)

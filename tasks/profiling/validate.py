@@ -192,7 +192,8 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
     model = models["model"]
     started_s = time.monotonic()
     run = start_run(provider, run_id, workload, workload_options=workload_options, ps_type=next(iter(cluster)),
-                    ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0)
+                    ps_mbps=ps_megabits_per_s, target_loss=loss_target, checkpoint_every_s=3600.0,
+                    eval_every_updates=None)
     try:
         for instance_type, n in cluster.items():
             add_workers(run, instance_type, n,

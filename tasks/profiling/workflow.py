@@ -22,6 +22,7 @@ from tasks.profiling.runs import fresh_run_id
 from tasks.profiling.single import profile_type
 from tasks.profiling.store import RawMeasurements, cached_profile, provenance, save_profile
 from tasks.providers.base import Provider
+from tasks.runtime.evaluation import TargetMetric, parse_target_metric
 
 PROFILING_STAGES = ("types alone", "clusters", "fit and save")
 
@@ -39,6 +40,8 @@ class ProfilingJob:
     async_rule: str | None = None  # None: the runtime's default rule
     quotas: dict[str, int] | None = None  # None: fit_profile's default quota
     target_loss: float | None = None  # None: no target to train toward and check
+    target_metric: str | None = None  # NAME<=X|NAME>=X: the clusters are profiled on that metric's curve,
+    # and target_loss is its target on the curve's scale (evaluation.py)
     provenance_settings: dict | None = None  # what the profile records as its settings; None: settings()
 
     def settings(self) -> dict:
@@ -49,11 +52,17 @@ class ProfilingJob:
                 "cluster_duration_s": p.cluster_duration_s, "clusters_side_by_side": p.clusters_side_by_side,
                 "cluster_budget_s": p.cluster_budget_s, **self.emulation}
 
+    @property
+    def metric(self) -> TargetMetric | None:
+        return None if self.target_metric is None else parse_target_metric(self.target_metric)
+
     def key_settings(self) -> dict:
         """What the cache key covers besides the workload, its options and the types: settings(),
-        the provider, the async rule the clusters train under and the loss target they train
+        the provider, the async rule the clusters train under and the target (loss or metric) they train
         toward (when there is one)."""
         target = {} if self.target_loss is None else {"target_loss": self.target_loss}
+        if self.target_metric is not None:
+            target["target_metric"] = self.target_metric
         return {**self.settings(), "provider": self.provider_name, "async_rule": self.async_rule, **target}
 
 
@@ -88,7 +97,7 @@ def measure_clusters(job: ProfilingJob, provider: Provider, run_id: str,
                                 duration_s=p.cluster_duration_s, workload_options=p.workload_options,
                                 ps_megabits_per_s=job.emulation.get("ps_megabits_per_s"),
                                 side_by_side=p.clusters_side_by_side, budget_s=p.cluster_budget_s,
-                                async_rule=job.async_rule, target_loss=job.target_loss)
+                                async_rule=job.async_rule, target_loss=job.target_loss, target_metric=job.metric)
     finally:
         provider.cleanup(clusters_run_id)
 
@@ -107,7 +116,7 @@ def fit_and_save(job: ProfilingJob, measurements: list[TypeMeasurement], cluster
     types = list(p.types)
     fitted = fit_profile(p.workload, measurements, clusters, quotas=job.quotas)
     if job.target_loss is not None:
-        check_target_profiled(clusters, job.target_loss, fitted.profile.loss, p.cluster_budget_s)
+        check_target_profiled(clusters, job.target_loss, fitted.profile.loss, p.cluster_budget_s, job.metric)
     settings = job.settings() if job.provenance_settings is None else job.provenance_settings
     info = provenance(job.provider_name, types, p.workload_options, settings, wall_s)
     path = save_profile(fitted, RawMeasurements(measurements, clusters), directory,

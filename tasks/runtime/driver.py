@@ -25,6 +25,7 @@ from tasks.core.limits import ps_bind_address
 from tasks.providers.base import Instance, LaunchResult, Provider, Startup
 from tasks.runtime import lease
 from tasks.runtime.cuts import shard_dir
+from tasks.runtime.evaluation import DEFAULT_EVAL_EVERY_UPDATES, parse_target_metric
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.ps import ERROR_FILE, READY_FILE, STOP_FILE
 from tasks.runtime.telemetry import ClusterProgress, TelemetryReader
@@ -95,15 +96,17 @@ def ps_startup(run_dir: Path, port: int, workload: str, workload_options: dict, 
                checkpoint_every_s: float = 30.0, checkpoint_every_updates: int | None = None,
                max_updates: int | None = None, target_loss: float | None = None, shard: int = 0,
                num_ps: int = 1, async_rule: str | None = None, leased: bool = False,
-               durable_url: str | None = None) -> Startup:
+               durable_url: str | None = None, eval_every_updates: int | None = DEFAULT_EVAL_EVERY_UPDATES,
+               target_metric: str | None = None) -> Startup:
     argv = ["python", "-m", "tasks.runtime.ps", "--run-dir", str(run_dir), "--port", str(port),
             "--workload", workload, *_option_args(workload_options),
             "--checkpoint-every-s", repr(checkpoint_every_s), "--shard", str(shard), "--num-shards", str(num_ps)]
     if leased:
         argv += ["--lease", str(lease_place(run_dir, durable_url))]
+    argv += ["--no-eval"] if eval_every_updates is None else ["--eval-every-updates", str(eval_every_updates)]
     for flag, value in (("--ps-mbps", ps_mbps), ("--checkpoint-every-updates", checkpoint_every_updates),
                         ("--max-updates", max_updates), ("--target-loss", target_loss),
-                        ("--async-rule", async_rule), ("--durable-url", durable_url)):
+                        ("--async-rule", async_rule), ("--durable-url", durable_url), ("--target-metric", target_metric)):
         if value is not None:
             argv += [flag, str(value)]
     return Startup(tuple(argv), detached=leased)
@@ -115,7 +118,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
               checkpoint_every_updates: int | None = None, max_updates: int | None = None,
               target_loss: float | None = None, plan_id: str = "ps", ready_timeout_s: float = 120.0,
               num_ps: int = 1, ports: list[int] | None = None, async_rule: str | None = None,
-              lease_s: float | None = None, durable_url: str | None = None) -> TrainingRun:
+              lease_s: float | None = None, durable_url: str | None = None,
+              eval_every_updates: int | None = DEFAULT_EVAL_EVERY_UPDATES, target_metric: str | None = None) -> TrainingRun:
     """Start the PS as on-demand instances (`num_ps` shards, each owning an equal share of the
     parameter bytes, docs/runtime.md) and wait until all listen. A run directory holding
     checkpoints resumes from them; a restart after a PS failure passes a new `plan_id` (launches
@@ -123,10 +127,14 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
     the run is detached: it trains on without this process for up to `lease_s` seconds after
     the last renewal (lease.py; progress() renews it), then stops by itself. With `durable_url`
     (s3://BUCKET/PREFIX) the PS copies its checkpoints there and a restarted one starts from them
-    (durable.py)."""
+    (durable.py). A workload with an evaluate(model) is evaluated every `eval_every_updates`
+    updates (None: never; periodic_eval.py), and with `target_metric` ("NAME<=X" or "NAME>=X")
+    the PS stops once an evaluation meets it."""
     workload_options = workload_options or {}
     ps_bind_address()  # the address each PS will listen on
-    check_workload(workload, workload_options)  # a bad name or plug-in fails here, before anything starts
+    target = parse_target_metric(target_metric) if target_metric is not None else None
+    # a bad name, plug-in or target metric fails here, before anything starts
+    check_workload(workload, workload_options, target_metric=target)
     if max_updates is not None and max_updates <= 0:
         raise UserInputError(f"max_updates must be positive, got {max_updates}")
     if num_ps <= 0:
@@ -149,7 +157,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
         startup = ps_startup(run_dir, ports[shard], workload, workload_options, ps_mbps=ps_mbps,
                              checkpoint_every_s=checkpoint_every_s, checkpoint_every_updates=checkpoint_every_updates,
                              max_updates=max_updates, target_loss=target_loss, shard=shard, num_ps=num_ps,
-                             async_rule=async_rule, leased=lease_s is not None, durable_url=durable_url)
+                             async_rule=async_rule, leased=lease_s is not None, durable_url=durable_url,
+                             eval_every_updates=eval_every_updates, target_metric=target_metric)
         shard_plan = plan_id if shard == 0 else f"{plan_id}.shard{shard}"
         launched = provider.launch(run_id, shard_plan, ps_type, 1, role="ps", market="on-demand", startup=startup)
         if not launched.instances:  # the PS is on demand: a refusal here is the run's failure
@@ -170,7 +179,8 @@ def start_run(provider: Provider, run_id: str, workload: str, *, workload_option
             time.sleep(0.05)
     settings = dict(ps_type=ps_type, ps_mbps=ps_mbps, checkpoint_every_s=checkpoint_every_s,
                     checkpoint_every_updates=checkpoint_every_updates, max_updates=max_updates,
-                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url)
+                    target_loss=target_loss, num_ps=num_ps, async_rule=async_rule, lease_s=lease_s, durable_url=durable_url,
+                    eval_every_updates=eval_every_updates, target_metric=target_metric)
     address = ",".join(f"{i.address}:{p}" for i, p in zip(instances, ports))
     return TrainingRun(run_id, run_dir, provider, address, instances[0], workload, workload_options, settings,
                        ps_instances=instances, lease_s=lease_s, lease_renewed_s=renewed_s)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # torch is imported where a model is evaluated: the CLI parse
     from torch import nn
 
 DIRECTIONS = ("<=", ">=")
+DEFAULT_EVAL_EVERY_UPDATES = 50  # the PS evaluates during training this often (periodic_eval.py)
+TRACKED_EVAL_EVERY_UPDATES = 10  # ... and this often where a target metric is profiled and tracked (its curve's points)
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(<=|>=|=<|=>|<|>|==|=)\s*(\S+)\s*$")
 
 
@@ -33,8 +35,22 @@ class TargetMetric:
     def met(self, observed: float) -> bool:
         return observed <= self.value if self.direction == "<=" else observed >= self.value
 
+    def on_curve(self, observed: float) -> float:
+        """`observed` on the loss curve's scale, which falls toward a floor as training goes on
+        (docs/model.md): a lower-is-better metric as it is, a higher-is-better one (a fraction,
+        such as accuracy) as its shortfall 1 - value."""
+        return observed if self.direction == "<=" else 1.0 - observed
+
+    @property
+    def curve_target(self) -> float:
+        """The target on the loss curve's scale: the profile is fitted, the plan made and drift
+        judged on that scale."""
+        return self.on_curve(self.value)
+
     def __str__(self) -> str:
-        return f"{self.name}{self.direction}{self.value:g}"
+        """As given, and parsed back to the same target (it travels to the PS as text)."""
+        short = f"{self.value:g}"
+        return f"{self.name}{self.direction}{short if float(short) == self.value else repr(self.value)}"
 
 
 def parse_target_metric(text: str) -> TargetMetric:
@@ -51,6 +67,11 @@ def parse_target_metric(text: str) -> TargetMetric:
         raise UserInputError(f"target metric {text!r}: {number!r} is not a number") from None
     if not math.isfinite(value):
         raise UserInputError(f"target metric {text!r}: the value must be a finite number")
+    if direction == ">=" and not 0 < value < 1:
+        raise UserInputError(f"target metric {text!r}: a higher-is-better metric is a fraction (accuracy, F1): "
+                             f"its target must lie between 0 and 1")
+    if direction == "<=" and value <= 0:
+        raise UserInputError(f"target metric {text!r}: a lower-is-better metric (a loss) needs a target above 0")
     return TargetMetric(name, direction, value)
 
 
@@ -85,7 +106,39 @@ def evaluate_model(spec: str, evaluate, model: nn.Module) -> dict[str, float]:
 
 
 def check_target_metric(spec: str, metrics: dict[str, float], target: TargetMetric) -> None:
-    """The target's metric must be one the plug-in reports."""
+    """The target's metric must be one the plug-in reports, on the scale its curve is fitted on
+    (a fraction for >=, not negative for <=)."""
     if target.name not in metrics:
         raise UserInputError(f"target metric {target.name!r} is not reported by workload {spec!r} "
                              f"(its evaluate reports {', '.join(sorted(metrics))})")
+    observed = metrics[target.name]
+    if target.direction == ">=" and not 0 <= observed <= 1:
+        raise UserInputError(f"target metric {target}: workload {spec!r} reports {target.name} = {observed:g}, "
+                             f"outside [0, 1]; a higher-is-better metric must be a fraction (accuracy, F1)")
+    if target.direction == "<=" and observed < 0:
+        raise UserInputError(f"target metric {target}: workload {spec!r} reports {target.name} = {observed:g}; "
+                             f"a lower-is-better metric (a loss) must not be negative")
+
+
+def metric_curve(records: list[dict], target: TargetMetric) -> list[tuple[int, float]]:
+    """(update count, the target's metric on the loss curve's scale) of each evaluation in a run's
+    telemetry records: the curve profiling fits and the pipeline tracks for a target metric."""
+    return [(r["updates_total"], target.on_curve(r["metrics"][target.name]))
+            for r in records if r["kind"] == "evaluation" and target.name in r["metrics"]]
+
+
+def tracked_value(progress, target: TargetMetric | None) -> float | None:
+    """What a run is judged on, on the loss curve's scale: the PS's smoothed training loss, or with
+    a target metric its newest evaluation (None before the first)."""
+    if target is None:
+        return progress.smoothed_loss
+    if progress.metrics is None or target.name not in progress.metrics:
+        return None
+    return target.on_curve(progress.metrics[target.name])
+
+
+def metric_evaluation(target: TargetMetric | None) -> dict:
+    """start_run's evaluation for a run the pipeline profiles or tracks: with a target metric, every
+    TRACKED_EVAL_EVERY_UPDATES updates (the points of its curve); on the training loss none, so
+    nothing but training shares the PS with the measured updates."""
+    return {"eval_every_updates": None if target is None else TRACKED_EVAL_EVERY_UPDATES}

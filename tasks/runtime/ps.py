@@ -17,8 +17,10 @@ follow the consistent cuts of cuts.py; otherwise the server checkpoints atomical
 `checkpoint_every_updates` updates (that snapshot is taken at exactly the N-th update, under the
 lock, and written by the main thread at once), and on start resumes from the newest good checkpoint in
 <run_dir>/checkpoints if there is one (with --durable-url, checkpoints are copied to S3 as well,
-and a PS whose disk has none newer starts from the newest there: durable.py). It stops on a step
-budget (max_updates), a target smoothed loss, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
+and a PS whose disk has none newer starts from the newest there: durable.py). A workload with an
+`evaluate(model)` is evaluated every N updates on a snapshot, beside the updates (periodic_eval.py).
+It stops on a step budget (max_updates), a target smoothed loss, a target metric met by an
+evaluation, a pushed loss that is NaN or infinite (`diverged`: that push is not applied), a file
 <run_dir>/STOP, SIGTERM/SIGINT, the run's lease lapsing (--lease, tasks/runtime/lease.py: no
 orchestrator renewed it in time), or, for a run without a lease, when the process given by
 --watch-pid is gone (the local orchestrator, killed with no chance to clean up); it then tells
@@ -56,7 +58,9 @@ from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.durable import S3Checkpoints
+from tasks.runtime.evaluation import DEFAULT_EVAL_EVERY_UPDATES, TargetMetric, parse_target_metric
 from tasks.runtime.lifetime import pid_alive
+from tasks.runtime.periodic_eval import PeriodicEvaluation
 from tasks.runtime.pieces import pieces, pull_order
 from tasks.runtime.shaping import Shaper
 from tasks.runtime.telemetry import TelemetryWriter
@@ -89,6 +93,8 @@ class PsConfig:
     durable_url: str | None = None  # s3://BUCKET/PREFIX: checkpoints copied there too (durable.py)
     shard: int = 0  # this PS's index among num_shards (cuts.py): it owns that range of the flat vector
     num_shards: int = 1
+    eval_every_updates: int | None = DEFAULT_EVAL_EVERY_UPDATES  # the plug-in's evaluate (periodic_eval.py); None: never
+    target_metric: TargetMetric | None = None  # stop once an evaluation meets it
 
 
 class ParameterServer:
@@ -135,6 +141,24 @@ class ParameterServer:
             raise UserInputError("durable checkpoints (--durable-url) need a single PS shard")
         self.durable = S3Checkpoints(config.durable_url) if config.durable_url else None
         self.error: str | None = None  # why a worker's handler failed: the PS stops as failed
+        self.evaluation = self._periodic_evaluation()
+
+    def _periodic_evaluation(self) -> PeriodicEvaluation | None:
+        """The plug-in's evaluate every N updates, when it has one; it needs the whole vector, so
+        one unsharded PS."""
+        c = self.config
+        if c.target_metric is not None and (self.workload.evaluate is None or c.eval_every_updates is None or self.sharded):
+            raise UserInputError(f"target metric {c.target_metric} needs one unsharded PS evaluating the "
+                                 f"workload's evaluate(model) every N updates")
+        if self.workload.evaluate is None or c.eval_every_updates is None or self.sharded:
+            return None
+        return PeriodicEvaluation(c.workload, self.workload, c.eval_every_updates, self.telemetry, c.target_metric,
+                                  on_met=lambda: self.stop_locked("target_metric"), on_error=self.fail)
+
+    def stop_locked(self, reason: str) -> None:
+        """Stop, taking the lock: from a thread beside the updates (apply() sets `stopping` under it)."""
+        with self.lock:
+            self.stopping = self.stopping or reason
 
     def fail(self, err: BaseException) -> None:
         """A handler thread's unexpected error is the PS's failure, not one lost worker: stop (as
@@ -284,6 +308,8 @@ class ParameterServer:
             self.samples_total += int(samples)
             a = self.config.loss_smoothing
             self.smoothed_loss = loss if self.smoothed_loss is None else (1 - a) * self.smoothed_loss + a * loss
+            if self.evaluation is not None:
+                self.evaluation.offer(self.state, self.updates_total, self.version)
             self.telemetry.write(
                 "update", worker=worker_id, instance_type=instance_type, step=int(step), samples=int(samples),
                 loss=loss, compute_s=compute_s, comm_s=comm_s if comm_s >= 0 else None,
@@ -308,7 +334,7 @@ class ParameterServer:
                 if due:
                     self._pending_checkpoint = self._snapshot()  # exactly at this update; written by serve()
                     self._wake.set()
-                self.stopping = stop
+                self.stopping = self.stopping or stop  # fail() from another thread may have set it meanwhile
             return True
 
     def published_state(self) -> tuple[int, torch.Tensor | None]:
@@ -411,6 +437,8 @@ class ParameterServer:
         last_checkpoint_s = time.monotonic()
         stop_file = c.run_dir / STOP_FILE
         lease = LeaseWatch(c.lease) if c.lease else None
+        if self.evaluation is not None:
+            self.evaluation.start()
         while not self.stopping:
             registered = int(store.add(wire.COUNTER_KEY, 0))
             while accepted < registered:
@@ -448,6 +476,8 @@ class ParameterServer:
         if pending is not None:
             self.write_checkpoint(pending)
         self.write_checkpoint()
+        if self.evaluation is not None:
+            self.evaluation.close()
         deadline_s = time.monotonic() + c.stop_grace_s
         for thread in self._handlers:  # workers hear "stop" at their next exchange
             thread.join(timeout=max(0.0, deadline_s - time.monotonic()))
@@ -511,6 +541,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copy each checkpoint there too, and start from the newest there (a PS on a new instance)")
     p.add_argument("--shard", type=int, default=0, help="this PS's index among --num-shards")
     p.add_argument("--num-shards", type=positive_int, default=1, help="PS processes the parameters are split across")
+    p.add_argument("--eval-every-updates", type=positive_int, default=DEFAULT_EVAL_EVERY_UPDATES,
+                   help="run the workload's evaluate(model), if it has one, every N updates (periodic_eval.py)")
+    p.add_argument("--no-eval", action="store_true", help="never run the workload's evaluate during training")
+    p.add_argument("--target-metric", type=arg_type(parse_target_metric), default=None, metavar="NAME<=X|NAME>=X",
+                   help="stop once an evaluation meets this target")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the optimizer step and the state copies (default: a quarter of the cores, 1 to 4)")
     return p
@@ -550,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             max_updates=args.max_updates, target_loss=args.target_loss, stop_grace_s=args.stop_grace_s,
             watch_pid=args.watch_pid, lease=args.lease, durable_url=args.durable_url, async_rule=args.async_rule, staleness_lr_power=args.staleness_lr_power,
             shard=args.shard, num_shards=args.num_shards,
+            eval_every_updates=None if args.no_eval else args.eval_every_updates, target_metric=args.target_metric,
         )
         server = ParameterServer(config)
         server.resume()

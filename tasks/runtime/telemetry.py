@@ -19,7 +19,11 @@ Every record has `t` (epoch seconds) and `kind`:
   (version, samples_total); totals continue from there: updates after that checkpoint and before
   the crash are gone.
 - `corrupt_checkpoint`: a checkpoint failed verification and was set aside (path, error).
-- `stop`: the PS stopped (reason: max_updates, target_loss, stop_file, signal, orchestrator_gone,
+- `evaluation`: the workload's evaluate(model) on a snapshot of the parameters taken at the
+  update count `updates_total` (periodic_eval.py): version, snapshot_t (when the snapshot was
+  taken), eval_s, metrics ({name: value}), skipped (due evaluations skipped since the previous one
+  because it was still running), and with a target metric `target` and `met`.
+- `stop`: the PS stopped (reason: max_updates, target_loss, target_metric, stop_file, signal, orchestrator_gone,
   diverged, lease_lapsed, failed: its error is in ps-error.txt beside the telemetry).
 A reader tolerates a half-written last line (it is read again on the next poll); a line torn by a
 PS killed mid-write is ended by the next PS and skipped by readers (counted in torn_lines).
@@ -84,6 +88,8 @@ class ClusterProgress:
     first_update_t: float | None = None
     last_update_t: float | None = None
     workers: dict[int, WorkerStats] = field(default_factory=dict)
+    metrics: dict[str, float] | None = None  # the newest evaluation's metrics (periodic_eval.py)
+    metrics_updates: int | None = None  # the update count of the parameters they were measured on
 
     def active_workers(self) -> list[int]:
         return [w for w, s in self.workers.items() if s.left is None]
@@ -148,6 +154,8 @@ class TelemetryReader:
             p.samples_total = r["samples_total"]
             p.updates_total = r["updates_total"]
             p.stopped = None
+        elif kind == "evaluation":
+            p.metrics, p.metrics_updates = r["metrics"], r["updates_total"]
         elif kind == "stop":
             p.stopped = r["reason"]
 

@@ -8,6 +8,7 @@ so the loss falls the way real training does, gradually and with noise:
 - `transformer-lm`: a small causal transformer language model on token sequences drawn from a
   fixed sparse Markov chain (each token has a few likely successors), so the loss falls from
   ln(vocab) towards the chain's entropy rate.
+Each evaluates itself on 256 held-out samples (`held_out_evaluation`): `val_loss` and `val_acc`.
 
 A plug-in is `package.module:function`; the function takes the workload options as keyword
 arguments and returns a `Workload` (or a tuple `(model, batches, loss_fn)`, which gets the
@@ -42,6 +43,8 @@ from tasks.runtime.evaluation import TargetMetric, check_target_metric, evaluate
 
 OPTIMIZERS = ("sgd", "adam")
 BUILD_SEED = 0  # the global generators' seed while a workload builds, in every process
+HELD_OUT_SEED = 2**31 - 1  # the built-ins' held-out batches: a seed no worker draws from
+VAL_BATCHES, VAL_BATCH = 4, 64  # the built-ins' held-out set: 256 samples
 Batch = tuple[torch.Tensor, torch.Tensor]
 BatchSource = Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless batches
 
@@ -86,6 +89,28 @@ class Workload:
             loss.backward()
             optimizer.step()
             yield loss.item()
+
+
+def held_out_evaluation(batches: BatchSource, loss_fn: Callable, classifier: bool = True,
+                        n_batches: int = VAL_BATCHES, batch_size: int = VAL_BATCH) -> Callable[[nn.Module], dict[str, float]]:
+    """A built-in's evaluate(model): `val_loss` (and for a classifier `val_acc`, the share of
+    argmax predictions that hit) on held-out batches from HELD_OUT_SEED, drawn at the first call
+    (not at build time, which also runs on torch's meta device) and kept."""
+    held_out: list[Batch] = []
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        if not held_out:
+            source = batches(batch_size, HELD_OUT_SEED)
+            held_out.extend(next(source) for _ in range(n_batches))
+        loss_sum = hits = count = 0.0
+        for inputs, targets in held_out:
+            logits = model(inputs)
+            loss_sum += loss_fn(logits, targets).item() * targets.numel()
+            hits += (logits.argmax(-1) == targets).sum().item()
+            count += targets.numel()
+        return {"val_loss": loss_sum / count, **({"val_acc": hits / count} if classifier else {})}
+
+    return evaluate
 
 
 # ---------------------------------------------------------------- CIFAR-shaped ResNets
@@ -153,14 +178,16 @@ def synthetic_cifar(num_classes: int, noise: float = 1.0, data_seed: int = 0) ->
 
 
 def resnet(depth: int, num_classes: int = 10, width: int = 16, noise: float = 1.0) -> Workload:
+    batches = synthetic_cifar(num_classes, noise)
     return Workload(
         name=f"resnet{depth}" + ("-cifar100" if num_classes == 100 else ""),
         model=CifarResNet(depth, num_classes, width),
-        batches=synthetic_cifar(num_classes, noise),
+        batches=batches,
         loss_fn=F.cross_entropy,
         optimizer="sgd",
         base_lr=0.1,
         base_batch=32,
+        evaluate=held_out_evaluation(batches, F.cross_entropy),
     )
 
 
@@ -213,14 +240,16 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def transformer_lm(vocab: int = 64, seq_len: int = 32, d_model: int = 64, layers: int = 2, heads: int = 4) -> Workload:
+    batches = markov_tokens(vocab, seq_len)
     return Workload(
         name="transformer-lm",
         model=TinyTransformerLM(vocab, seq_len, d_model, layers, heads),
-        batches=markov_tokens(vocab, seq_len),
+        batches=batches,
         loss_fn=_lm_loss,
         optimizer="adam",
         base_lr=3e-3,
         base_batch=32,
+        evaluate=held_out_evaluation(batches, _lm_loss),  # val_acc: next tokens predicted
     )
 
 
@@ -385,8 +414,9 @@ def check_workload(spec: str, options: dict | None = None, batch_size: int = 2,
     or a model past SPOTFILL_MAX_PARAMS fails at once; then it is built for real and trained one
     step on a copy of the model, in this process: a batch source that yields no (inputs, targets)
     pair, a loss that is not a finite scalar, or a loss that does not reach the parameters is one
-    UserInputError naming the cause. A workload with an `evaluate` is evaluated once on the model
-    as built (tasks/runtime/evaluation.py), and `target_metric` must be among what it reports."""
+    UserInputError naming the cause. A plug-in with an `evaluate` (a built-in: with a target
+    metric) is evaluated once on the model as built (tasks/runtime/evaluation.py), and
+    `target_metric` must be among what it reports."""
     options = options or {}
     _check_size(spec, options)
     workload = build_workload(spec, options)
@@ -396,6 +426,8 @@ def check_workload(spec: str, options: dict | None = None, batch_size: int = 2,
         if target_metric is not None:
             raise UserInputError(f"target metric {target_metric.name!r} needs an evaluate(model) in workload {spec!r}, "
                                  "which has none (docs/plugins.md)")
+        return workload
+    if spec in BUILTIN and target_metric is None:  # the built-ins' own evaluate is tested, and costs seconds on a CPU
         return workload
     with plugin_code(spec, "evaluating"):
         metrics = evaluate_model(spec, workload.evaluate, copy.deepcopy(workload.model))

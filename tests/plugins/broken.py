@@ -1,9 +1,13 @@
 """Plug-ins that go wrong the ways a user's can: each must be refused with one line before anything
 starts (tests/runtime/test_plugins.py)."""
+import dataclasses
+import math
+
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from tests.plugins.evaluated import build as evaluated
 from tests.plugins.regression import build as regression
 
 
@@ -129,3 +133,34 @@ def fp16_model():
 
 def fp64_model():
     return _in_dtype(torch.float64)
+
+
+def _evaluated_with(evaluate):
+    """The evaluated classifier, its evaluate replaced."""
+    return dataclasses.replace(evaluated(), evaluate=evaluate)
+
+
+def evaluate_raises():
+    def evaluate(model):
+        raise ValueError("no held-out data")
+
+    return _evaluated_with(evaluate)
+
+
+def evaluate_nan():
+    return _evaluated_with(lambda model: {"val_acc": 0.5, "val_loss": math.nan})
+
+
+def evaluate_list():
+    return _evaluated_with(lambda model: [{"val_acc": 0.5}])
+
+
+def evaluate_nan_later(after: int = 1):
+    """Passes the check before launch (its first evaluation), then returns NaN: a model that diverged."""
+    calls = []
+
+    def evaluate(model):
+        calls.append(1)
+        return {"val_acc": 0.5, "val_loss": math.nan if len(calls) > after else 1.0}
+
+    return _evaluated_with(evaluate)

@@ -3,10 +3,12 @@ toward a loss target, and the target checked against the fitted curve (tasks/pro
 import pytest
 
 from tasks.profiling.clusters import (
-    band_reached, budget_to_reach, check_target_profiled, laggard, lowest_reachable_target, trained_enough,
+    band_reached, budget_to_reach, check_target_profiled, floor_blocks, laggard, lowest_reachable_target,
+    trained_enough, wave_done,
 )
-from tasks.profiling.fit import cluster_shape, fit_profile, iterations_to_loss
+from tasks.profiling.fit import cluster_shape, curve_floor, fit_profile, iterations_to_loss
 from tasks.profiling.measurements import ProfilingError
+from tasks.runtime.evaluation import parse_target_metric
 from tests.profiling.synthetic import GAMMA_WITHOUT_R, synthetic_measurements
 
 
@@ -85,3 +87,50 @@ def test_the_budget_that_would_reach_a_target_follows_the_slowest_clusters_curve
         for c in clusters)
     assert true_scale > 1
     assert budget_to_reach(clusters, curve, 1.45, 100.0) == pytest.approx(100.0 * true_scale, rel=0.1)
+
+
+def _as_accuracy_shortfall(clusters):
+    """The synthetic clusters' curves as 1 - accuracy: a tenth of the loss (levels off at 0.13)."""
+    return [c.model_copy(update={"losses": [(j, 0.1 * loss) for j, loss in c.losses]}) for c in clusters]
+
+
+def test_a_target_metric_the_fitted_curve_cannot_reach_is_refused_in_the_metrics_words():
+    """Profiled on a metric's curve (1 - val_acc for a higher-is-better one, docs/model.md), the
+    refusal names the metric and the best target of it that can be planned."""
+    types, clusters = synthetic_measurements()
+    loss_curve = fit_profile("synthetic", types, clusters).profile.loss
+    val_loss = parse_target_metric("val_loss<=1.2")
+    with pytest.raises(ProfilingError, match=r"^target metric val_loss<=1.2 is unreachable: profiling trained toward it "
+                                             r"\(best val_loss 1.528\) and the fitted val_loss curve levels off at "
+                                             r"gamma5 = 1.299; aim at val_loss<=1.30\d* or above$"):
+        check_target_profiled(clusters, val_loss.curve_target, loss_curve, 300.0, val_loss)
+
+    shortfall = _as_accuracy_shortfall(clusters)
+    acc_curve = fit_profile("synthetic", types, shortfall).profile.loss
+    assert acc_curve.gamma5 == pytest.approx(0.1 * GAMMA_WITHOUT_R[4], rel=0.01)
+    val_acc = parse_target_metric("val_acc>=0.9")
+    with pytest.raises(ProfilingError, match=r"^target metric val_acc>=0.9 is unreachable: .* \(best val_acc 0.8472\) "
+                                             r".* aim at val_acc>=0.86\d* or below$"):
+        check_target_profiled(shortfall, val_acc.curve_target, acc_curve, 300.0, val_acc)
+    reachable = parse_target_metric("val_acc>=0.86")
+    check_target_profiled(shortfall, reachable.curve_target, acc_curve, 300.0, reachable)  # above the floor: planned
+
+
+def test_a_curves_floor_is_estimated_from_its_points_below_the_warm_up_knee():
+    assert curve_floor(_curve(10.0, 1.0, 400)) == pytest.approx(1.0, abs=0.05)
+    assert curve_floor(_curve(10.0, 0.2, 400, speed=0.5)) == pytest.approx(0.2, abs=0.05)
+    assert curve_floor(_curve(10.0, 1.0, 400)[:3]) is None  # too few points to tell
+    assert curve_floor([(j, 5.0) for j in range(1, 50)]) is None  # no fall
+
+
+def test_a_wave_trains_on_while_a_clusters_curve_levels_off_above_the_target():
+    """The issue's refusal: the clusters came near the target (within TARGET_APPROACH) but their
+    curves level off above it. The wave trains on (within its budget) instead of stopping there;
+    a target above the floors stops it as before."""
+    curves = [_curve(10.0, 0.5, 2000, speed=1.0), _curve(10.0, 0.5, 2000, speed=1.5)]  # down to about 0.59
+    assert trained_enough(curves, 0.45) and floor_blocks(curves, 0.45)  # approached, yet 0.45 < floor 0.5
+    assert not wave_done(curves, 0, 0.45)
+    assert trained_enough(curves, 0.55) and not floor_blocks(curves, 0.55) and wave_done(curves, 0, 0.55)
+    assert wave_done(curves, 0, None) and not floor_blocks(curves, None)  # no target: the band alone, as before
+    stopped_early = _curve(10.0, 1.0, 400)[:3]
+    assert wave_done([stopped_early, *curves], 1, 0.45)  # an earlier laggard still ends the wave

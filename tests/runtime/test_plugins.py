@@ -96,14 +96,15 @@ def test_os_exit_outside_plugin_code_still_ends_a_thread_of_its_own():
     assert os._exit.__module__ == "posix"
 
 
-def _doc_example() -> str:
+def _doc_example(marker: str = "plugin-example") -> str:
     text = (REPO / "docs" / "plugins.md").read_text()
-    block = text.split("<!-- plugin-example -->", 1)[1]
+    block = text.split(f"<!-- {marker} -->", 1)[1]
     return block.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_guide_example_is_the_tested_plugin():
-    assert _doc_example() == (REPO / "tests" / "plugins" / "regression.py").read_text()
+@pytest.mark.parametrize("marker,plugin", [("plugin-example", "regression.py"), ("evaluated-example", "evaluated.py")])
+def test_the_guide_examples_are_the_tested_plugins(marker, plugin):
+    assert _doc_example(marker) == (REPO / "tests" / "plugins" / plugin).read_text()
 
 
 @pytest.mark.integration
