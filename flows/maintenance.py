@@ -84,14 +84,18 @@ def replan_on_drift(resource_id: str, plan: int, artifacts_dir: str = "artifacts
     """Asked for by the drift automation: tell the run's watch loop to refit and re-plan the plan
     its drift event named (it picks the request up at its next poll, and drops it if a re-plan
     has answered that plan since; it refits to its newest observation, not to the event's). The
-    same request again rewrites the same file: running this twice does no more than once. A run
-    that is not live (no folder, or already reported) is left alone."""
+    same request again rewrites the same file: running this twice does no more than once, and a
+    late request never replaces one for a newer plan (stages.ask_for_replan). A run that is not
+    live (no folder, or already reported) is left alone."""
     logger = get_run_logger()
     run_id = resource_id.removeprefix("spotfill.run.")
     run_dir = Path(artifacts_dir) / run_id
     if not run_dir.is_dir() or (run_dir / "summary.json").exists():
         logger.info("drift of %s ignored: the run is not live", run_id)
         return "ignored: not live"
-    path = atomic_write_json(run_dir / stages.REPLAN_REQUEST, {"reason": "drift", "plan": plan})
+    path, asked = stages.ask_for_replan(run_dir, plan)
+    if asked != plan:
+        logger.info("drift of plan %d of %s dropped: a request for plan %d is waiting", plan, run_id, asked)
+        return f"dropped: plan {asked} is waiting"
     logger.info("re-plan of plan %d requested for %s", plan, run_id)
     return str(path)

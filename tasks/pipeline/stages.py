@@ -4,6 +4,7 @@ run's report. The run's setup is tasks/pipeline/setup.py; profiling is tasks/pro
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from tasks.providers.capacity_replay import drought
 from tasks.providers.cleanup import cleanup_run
 
 REPLAN_REQUEST = "replan-request.json"
+REPLAN_REQUEST_LOCK = "replan-request.lock"  # serialises the re-plan deployment's writers of one run
 PROGRESS = "progress.json"  # the latest poll's time, loss and spend: what a stopped run's report reads
 STOP_REPORTED = "stop-reported"  # made by the first hook to report a stop, so a run has one stopped report
 
@@ -146,6 +148,24 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
 def notify_progress(session: TrainingSession, obs: Observation) -> None:
     for listener in PROGRESS_LISTENERS:
         listener(session, obs)
+
+
+def ask_for_replan(run_dir: Path, plan: int) -> tuple[Path, int]:
+    """Leave the run's watch loop a request to re-plan `plan` (what the drift automation's
+    deployment does), one writer of a run at a time (an flock that waits its turn). A request
+    that arrives late never replaces one for a newer plan still waiting: requests for several runs
+    may run side by side and in any order, and the newest plan's request is the one kept.
+    Returns the request file and the plan it now names."""
+    with open(run_dir / REPLAN_REQUEST_LOCK, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+        path = run_dir / REPLAN_REQUEST
+        try:
+            waiting = json.loads(path.read_text()).get("plan")
+        except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+            waiting = None
+        if isinstance(waiting, int) and waiting >= plan:
+            return path, waiting
+        return atomic_write_json(path, {"reason": "drift", "plan": plan}), plan
 
 
 def pending_replan_request(session: TrainingSession) -> dict | None:

@@ -277,9 +277,29 @@ def test_served_deployments_are_prefect_yaml_and_its_defaults_are_the_demo():
     assert all(d.get("job_variables") for d in spec["deployments"])
     trigger = served["replan-on-drift"].triggers[0]
     assert trigger.match["spotfill.drift-action"] in ("automation", ["automation"]) and trigger.expect == {"spotfill.run.drift"}
-    # de-duplicated per run and plan, and one re-plan run at a time
+    # de-duplicated per run and plan; runs for several training runs side by side (one run's
+    # requests take turns in its folder: ask_for_replan)
     assert trigger.for_each == {"prefect.resource.id", "spotfill.plan"} and trigger.threshold == 1 and trigger.within.total_seconds() >= 30
-    assert served["replan-on-drift"].concurrency_limit == 1
+    assert served["replan-on-drift"].concurrency_limit == 8
+
+
+def test_a_late_replan_request_never_replaces_one_for_a_newer_plan(tmp_path):
+    """Re-plan requests arrive in any order (queued flow runs start when they can): the newest
+    plan's request is the one left waiting, whoever writes last."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tasks.pipeline.stages import REPLAN_REQUEST, ask_for_replan
+
+    assert ask_for_replan(tmp_path, 2)[1] == 2
+    assert ask_for_replan(tmp_path, 1)[1] == 2  # late: plan 2's request stays
+    assert json.loads((tmp_path / REPLAN_REQUEST).read_text()) == {"reason": "drift", "plan": 2}
+    assert ask_for_replan(tmp_path, 3)[1] == 3
+    (tmp_path / REPLAN_REQUEST).unlink()  # the run took it
+    assert ask_for_replan(tmp_path, 1)[1] == 1  # nothing newer waits: the run will drop it as stale
+    with ThreadPoolExecutor(8) as pool:  # writers racing in every order
+        list(pool.map(lambda plan: ask_for_replan(tmp_path, plan), [5, 9, 4, 8, 6, 7, 2, 3] * 4))
+    assert json.loads((tmp_path / REPLAN_REQUEST).read_text())["plan"] == 9
 
 
 def test_plan_and_replan_can_be_asked_for_a_confidence(tmp_path):
