@@ -21,7 +21,7 @@ from tasks.pipeline.params import TrainRequest
 from tasks.pipeline.report import finite_or_none, stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
 from tasks.providers.capacity_replay import drought
-from tasks.providers.cleanup import cleanup_run
+from tasks.providers.cleanup import cleanup_run, running_instances
 
 REPLAN_REQUEST = "replan-request.json"
 PROGRESS = "progress.json"  # the latest poll's time, loss and spend: what a stopped run's report reads
@@ -137,6 +137,28 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", stopped_report_markdown(summary))
     return summary
+
+
+def lives_on_its_lease(request: TrainRequest, run_id: str) -> bool:
+    """Whether a run whose orchestrator crashed trains on by itself, so that a retry of its flow
+    run can take it over (journal.restore): it recorded a session with a leased parameter server,
+    its lease has not lapsed, and that PS still runs. A run ended at once (Ctrl-C, a cancel, a
+    failure cleaned up) or never launched does not."""
+    from tasks.runtime.driver import lease_place  # deferred: torch (start-up cost)
+    from tasks.runtime.lease import expiry_s
+
+    run_dir = Path(request.artifacts_dir) / run_id
+    record = journal.load(run_dir)
+    attached = None if record is None else record["run"]
+    if attached is None or attached["lease_s"] is None:
+        return False
+    expires_at_s = expiry_s(lease_place(run_dir, attached["ps_settings"].get("durable_url")))
+    if expires_at_s is None or expires_at_s <= time.time():
+        return False
+    running = {i.instance_id for i in running_instances(
+        request.provider.name, run_id, artifacts_dir=Path(request.artifacts_dir),
+        aws_config={**request.provider.aws, "region": request.provider.region})}
+    return set(attached["ps_instance_ids"]) <= running
 
 
 def notify_progress(session: TrainingSession, obs: Observation) -> None:
