@@ -44,7 +44,7 @@ from tasks.profiling.workflow import ProfilingJob
 
 PROGRESS_REPORT_S = 2.0  # how often the progress artifacts and events are updated
 FLOW_RETRIES = 2  # attempts after a crash, each re-attaching to the run its lease keeps alive
-RETRY_DELAY_S = 5.0  # well inside the shortest sensible lease
+RETRY_DELAY_S = 5  # well inside the shortest sensible lease (Prefect keeps whole seconds)
 
 
 # ----------------------------------------------------------------------------- stages as tasks
@@ -216,7 +216,7 @@ def _crash_hook(flow, flow_run, state) -> None:
     (a cancel, no retry left, a run already ended) stops and reports as _stop_hook does."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])
     with get_client(sync_client=True) as client:
-        if (not cancel_under_way(client, flow_run, state) and retries_left(flow_run)
+        if (not cancel_under_way(client, flow_run, state) and retries_left(client.read_flow_run(flow_run.id))
                 and stages.lives_on_its_lease(request, run_id_of(flow_run.id))):
             client.set_flow_run_state(flow_run.id, AwaitingRetry(
                 scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=RETRY_DELAY_S),
@@ -231,7 +231,9 @@ def cancel_under_way(client, flow_run, state) -> bool:
 
 
 def retries_left(flow_run) -> bool:
-    """Whether Prefect would run this flow run again after this attempt (run_count counts attempts)."""
+    """Whether Prefect would run this flow run again after this attempt (run_count counts attempts).
+    Read the flow run from the API first: the copy a runner or a run context holds may predate
+    the engine's setting of the flow's retries and the attempt's count."""
     retries = flow_run.empirical_policy.retries
     return retries is not None and flow_run.run_count <= retries
 
@@ -343,7 +345,7 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
         raise
     except Exception:  # noqa: BLE001 - a crash: Prefect retries it, and the retry re-attaches
         if ctx and ctx.flow_run:
-            with get_client(sync_client=True) as client:  # the run context's copy keeps no run count
+            with get_client(sync_client=True) as client:
                 left_to_lease = retries_left(client.read_flow_run(ctx.flow_run.id))
             left_to_lease = left_to_lease and stages.lives_on_its_lease(request, run_id)
         raise
