@@ -75,7 +75,8 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
     ([], {"PREFECT_API_URL": "http://[::1"}, "PREFECT_API_URL='http://[::1': malformed endpoint URL"),
     ([], {"PREFECT_API_URL": "127.0.0.1:4200/api"}, "PREFECT_API_URL='127.0.0.1:4200/api': endpoint URL must be"),
     (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
-    (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
+    (["--provider", "aws", "--profile", PROFILE, "--trace", ""], {}, "an AWS run needs a checkpoint bucket"),
+    (["--provider", "aws", "--profile", PROFILE, "--trace", "", "--checkpoint-bucket", "ckpts"],
      {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",
       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}, "no AWS credentials found"),
 ])

@@ -289,7 +289,8 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
     shipped["instances"] = [{**t4, "type": "g4dn.2xlarge", "quota": 4}, {**t4, "type": "g4dn.12xlarge", "gpus": 4, "quota": 1}]
     profile = tmp_path / "t4.json"
     profile.write_text(json.dumps(shipped))
-    env = server_env | FAKE_CREDENTIALS
+    env = server_env | FAKE_CREDENTIALS | {"AWS_ENDPOINT_URL": moto_endpoint}  # the lease's S3 client finds moto
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket="spotfill-served")
     served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=REPO, env=env, stdout=open(tmp_path / "serve.log", "wb"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     api = server_env["PREFECT_API_URL"]
@@ -302,7 +303,7 @@ def test_a_served_aws_run_whose_flow_process_is_killed_leaves_nothing_running(se
 
         dep = wait_until(deployment, 240, "the served train-with-slo deployment")
         aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
-               "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"]}
+               "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"], "checkpoint_bucket": "spotfill-served"}
         params = {"request": {
             "workload": "resnet20", "slo": {"target_loss": 0.8, "deadline_s": 6000}, "profile": str(profile),
             "candidates": {"types": ["g4dn.2xlarge", "g4dn.12xlarge"]}, "filling": {"enabled": False},
