@@ -193,8 +193,9 @@ def _stop_hook(flow, flow_run, state) -> None:
     """On cancellation, or a crash that leaves nothing to re-attach to, from the flow run alone:
     terminate everything the run started (the stateless cleanup) and report the time and money
     spent, as files and on the run's page. A crash while a cancel was under way (the runner's
-    SIGTERM reached the flow's process, which Prefect may record as Crashed) is that cancel:
-    reported as Cancelled, and the run set Cancelled at once. The flow's process and the runner
+    SIGTERM reached the flow's process before it could acknowledge the cancel, still starting,
+    and Prefect recorded Crashed) is that cancel: reported as Cancelled, and the run set
+    Cancelled at once. The flow's process and the runner
     may both run this hook for one stop: one report is written and published, by whichever comes
     first (stages.stop_and_report)."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])

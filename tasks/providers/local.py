@@ -13,9 +13,11 @@ and, if set, SPOTFILL_REFERENCE_COMPUTE_S in the environment.
 The instance table (and the events not yet polled) lives in <artifacts>/<run-id>/instances.json,
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
-SIGTERM/SIGINT; should it be killed outright (SIGKILL), the PS and workers see that the pid in
-SPOTFILL_WATCH_PID is gone and stop by themselves. A detached Startup gets no SPOTFILL_WATCH_PID:
-its run's lease ends it instead (tasks/runtime/lease.py), so it trains on while no one watches.
+SIGTERM/SIGINT (unless other code handles that signal, as Prefect's flow engine does SIGTERM: its
+exception unwinds the process, whose cleanup and atexit end them); should it be killed outright
+(SIGKILL), the PS and workers see that the pid in SPOTFILL_WATCH_PID is gone and stop by
+themselves. A detached Startup gets no SPOTFILL_WATCH_PID: its run's lease ends it instead
+(tasks/runtime/lease.py), so it trains on while no one watches.
 
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
@@ -157,7 +159,8 @@ class LocalProvider(Provider):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous = signal.getsignal(sig)
-                signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
+                if _may_go_in_front_of(previous):
+                    signal.signal(sig, _KillOnSignal(self, previous))
 
     # ------------------------------------------------------------ the table
 
@@ -453,6 +456,26 @@ class LocalProvider(Provider):
         elif previous == signal.SIG_DFL:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+
+class _KillOnSignal:
+    """A provider's signal handler: kill what it started, then pass the signal on."""
+
+    def __init__(self, provider: LocalProvider, previous) -> None:
+        self.provider, self.previous = provider, previous
+
+    def __call__(self, signum, frame) -> None:
+        self.provider._on_signal(signum, frame, self.previous)
+
+
+def _may_go_in_front_of(handler) -> bool:
+    """Whether a provider's handler may replace `handler`, passing the signal on to it: Python's
+    own (the default action, ignore, KeyboardInterrupt) or another provider's. A handler that other
+    code installed stays in place: it turns the signal into an exception that unwinds the process
+    through its cleanup (`finally`, atexit), and its owner may check that it is still installed.
+    Prefect's flow engine installs one for SIGTERM, and its runner acknowledges a cancel only while
+    it is in place; replaced, the cancel's SIGTERM would be recorded as a crash."""
+    return not callable(handler) or handler is signal.default_int_handler or isinstance(handler, _KillOnSignal)
 
 
 def _kill_group(pid: int, sig: int) -> None:

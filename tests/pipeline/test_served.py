@@ -137,11 +137,15 @@ def test_served_deployments_run_through_the_api_and_the_drift_automation(server_
         def state():
             return httpx.get(f"{api}/flow_runs/{flow_run['id']}", timeout=10).json()["state"]["type"]
 
-        # The runner stops the flow's process with SIGTERM; when the engine reports that as a crash
-        # first (a race inside Prefect), the crash hook sees the cancel and sets the run Cancelled.
+        # The runner tells the flow's process it is a cancel, then stops it with SIGTERM: the run
+        # goes Cancelling to Cancelled, never through Crashed (tasks/providers/local.py leaves the
+        # engine's SIGTERM handler in place, which the runner's cancel needs).
         final = wait_until(lambda: state() in ("CANCELLED", "FAILED", "COMPLETED") and state(), 120,
                            "the run to be cancelled")
         assert final == "CANCELLED"
+        history = [s["name"] for s in httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run["id"]},
+                                                timeout=10).json()]
+        assert "Cancelling" in history and "Crashed" not in history, history
         wait_until(lambda: alive_pids(runs_dir) == [], 60, "no process left")
         reports = wait_until(lambda: [a for a in httpx.post(f"{api}/artifacts/filter", timeout=10, json={
             "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}}).json() if a["key"] == "train-with-slo-report"],

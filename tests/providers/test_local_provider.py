@@ -59,6 +59,28 @@ def test_default_types_come_from_the_shipped_profile():
     assert speed["g4dn.4xlarge"] == pytest.approx(0.378964 / 1.201062)
 
 
+def test_a_provider_made_in_a_flow_run_leaves_prefects_sigterm_handler_in_place(tmp_path):
+    """Prefect's runner acknowledges a cancel only while its flow engine's SIGTERM handler is
+    installed; replaced, the cancel's SIGTERM is recorded as a crash (Running, Cancelling, Crashed).
+    The provider's own handler goes in front of Python's defaults and of other providers' only."""
+    from prefect.utilities.engine import can_ack_control_intent, capture_sigterm
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with capture_sigterm():
+            first, second = LocalProvider(tmp_path), LocalProvider(tmp_path)
+            assert can_ack_control_intent()
+            ctrl_c = signal.getsignal(signal.SIGINT)
+            assert ctrl_c.provider is second and ctrl_c.previous.provider is first  # both kill on Ctrl-C
+            assert ctrl_c.previous.previous is saved[signal.SIGINT]
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        LocalProvider(tmp_path)
+        assert signal.getsignal(signal.SIGTERM).previous == signal.SIG_DFL  # outside a flow run it kills on SIGTERM
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.integration
 def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
     first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
