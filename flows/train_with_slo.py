@@ -316,6 +316,7 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
         resumed = reattach(setup, run_dir, explicit=resume_run_id is not None)
         if resumed is not None:
             logger.info("re-attached to run %s at %.1f s of training", run_id, resumed.elapsed_s())
+            stages.start_revocation_replay(resumed)
             with clock("train"):
                 outcome = watch(resumed)
             return finish(resumed, outcome, clock)

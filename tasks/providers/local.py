@@ -391,20 +391,24 @@ class LocalProvider(Provider):
         return event
 
     def replay_trace(self, run_id: str, trace_path: Path, time_scale: float, notice_s: float,
-                     instance_type: str | None = None) -> threading.Thread:
+                     instance_type: str | None = None, *, started_s: float | None = None,
+                     played_s: float = 0.0) -> threading.Thread:
         """Replay a trace's revocations against this run's spot workers, `time_scale` trace seconds
         per real second, in a background thread (returned; it ends with the trace). A drop that
         took a fraction f of the trace's instances gives f of the run's running spot workers a
         notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
-        4-worker run in proportion."""
+        4-worker run in proportion. The replay's clock starts now, or at `started_s` (time.time())
+        for a replay another process began (`spotfill run --resume`): the drops of its first
+        `played_s` real seconds are not played again, and those since (while no one watched) at once."""
         trace = load_trace(trace_path)
-        drops = list(zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()))
-        start_s = time.monotonic()
+        drops = [(at_s / time_scale, fraction) for at_s, fraction
+                 in zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()) if at_s / time_scale > played_s]
+        start_s = time.monotonic() - (0.0 if started_s is None else max(0.0, time.time() - started_s))
 
         def replay() -> None:
             carry = 0.0
-            for at_s, fraction in drops:
-                delay_s = at_s / time_scale - (time.monotonic() - start_s)
+            for due_s, fraction in drops:
+                delay_s = due_s - (time.monotonic() - start_s)
                 if delay_s > 0:
                     time.sleep(delay_s)
                 victims = [i for i in self.describe(run_id) if i.role == "worker" and i.market == "spot"
@@ -425,16 +429,19 @@ class LocalProvider(Provider):
             return self._first_notices.setdefault(run_id, threading.Event())
 
     def replay_capacity(self, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
-                        notice_s: float, *, from_first_notice: bool = False) -> threading.Thread:
+                        notice_s: float, *, from_first_notice: bool = False,
+                        started_s: float | None = None) -> threading.Thread:
         """Play a capacity trace against this run's spot instances of one type, `time_scale` trace
-        seconds per real second, from now or from the run's first revocation notice, in a
-        background thread (returned; it ends with the trace). See capacity_replay.py."""
+        seconds per real second, from now, from `started_s` (time.time(): a replay another process
+        began) or from the run's first revocation notice, in a background thread (returned; it
+        ends with the trace). See capacity_replay.py."""
         if instance_type not in self.types:
             raise UserInputError(f"unknown instance type {instance_type!r}; local offers {', '.join(self.types)}")
         start = self.first_notice(run_id) if from_first_notice else threading.Event()
         if not from_first_notice:
             start.set()
-        return capacity_replay.play(self, run_id, instance_type, trace, time_scale, notice_s, start, self._stop_replays)
+        return capacity_replay.play(self, run_id, instance_type, trace, time_scale, notice_s, start, self._stop_replays,
+                                    started_s=started_s)
 
     # ------------------------------------------------------------ no leaks
 

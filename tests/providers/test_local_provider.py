@@ -153,6 +153,21 @@ def test_trace_replay_revokes_at_scaled_times(provider):
 
 
 @pytest.mark.integration
+def test_a_trace_replay_taken_over_skips_what_was_played_and_plays_what_fell_due(provider, tmp_path):
+    """Another orchestrator began the replay 201 s ago and played its first 150 s: the drop at
+    100 s is not played again, the one at 200 s (missed while no one watched) is played at once,
+    the one at 203 s on time. Played again, the first drop would make three notices, not two."""
+    trace = tmp_path / "g4dn-taken-over.csv"
+    trace.write_text("0,4\n100,3\n200,2\n203,1\n300,1\n")  # drops of 1/4, 1/3 and 1/2
+    provider.launch("r", "p0", "g4dn.4xlarge", 4, startup=SLEEPER)
+    started_s = time.time() - 201.0
+    provider.replay_trace("r", trace, time_scale=1.0, notice_s=60.0, started_s=started_s, played_s=150.0).join(timeout=60)
+    notices = [e for e in provider.poll_events("r") if e.kind == "revocation_notice"]
+    assert len(notices) == 2  # 1/3 of 4: one (a third carried), then 1/2 of 3 plus the third: one
+    assert notices[-1].at_s >= started_s + 203.0  # not before its time
+
+
+@pytest.mark.integration
 def test_cleanup_from_another_process_object(provider, tmp_path):
     provider.launch("r", "p0", "p3.2xlarge", 2, startup=SLEEPER)
     pids = [provider.pid_of("r", i.instance_id) for i in provider.describe("r")]
