@@ -68,6 +68,37 @@ def test_a_killed_cli_is_resumed_to_the_slo_with_the_whole_run_reported(tmp_path
     assert alive_pids(tmp_path) == []
 
 
+def test_a_revocation_due_after_the_kill_is_played_once_by_the_resumed_run(tmp_path):
+    """`--revoke-at 8` and the CLI killed at its first update: the revocation falls to whichever
+    `run` watches at 8 s of the run, the killed one or the resuming one (at once if it fell due
+    unwatched), never to both and never to neither."""
+    env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    cli = [sys.executable, "-m", "tasks.cli.main", "run"]
+    first = subprocess.Popen(
+        [*cli, "--profile", str(LOCAL_QUICK_PROFILE), "--types", "p3.2xlarge,g3.8xlarge", "--loss", "1.5",
+         "--deadline", "900", "--trace", "", "--revoke-at", "8", "--no-filling", "--artifacts", str(tmp_path),
+         "--lease-s", "120"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def training():
+            runs = [p.parent for p in tmp_path.glob("run-*/session.json")]
+            return runs and any(o["updates"] > 0 for o in records(runs[0] / "observations.jsonl")) and runs[0]
+
+        run_dir = wait_until(lambda: first.poll() is not None or training(), 900, "training")
+        assert first.poll() is None, f"the run ended before training (exit {first.returncode})"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        resumed = subprocess.run([*cli, "--resume", run_dir.name, "--json"], cwd=REPO, env=env, capture_output=True,
+                                 text=True, timeout=900)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout)
+    notices = [e for e in summary["timeline"] if e["kind"] == "revocation_notice"]
+    assert summary["revocations"] == len(notices) == 1 and notices[0]["t_s"] >= 8.0, summary["timeline"]
+    assert alive_pids(tmp_path) == []
+
+
 def test_a_dead_parameter_server_is_restarted_and_the_run_meets_its_slo(prefect_harness, tmp_path):
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline.params import TrainRequest
