@@ -7,12 +7,18 @@ watch loop does); here they become Prefect tasks with caching and retries, progr
 events on the run's own page, and the verdict as the final state's message (Completed: SLO met,
 Failed: SLO missed). Tasks take the setup or the session as an argument and return values; the
 crash and cancel hooks rebuild what they need from the flow run (its id and parameters), so they
-clean up from whichever process Prefect runs them in.
+work from whichever process Prefect runs them in.
+
+A cancel ends the run at once. A crash (an unexpected error, or the flow's process killed) leaves
+the run to its lease while the flow run has retries left: the retry, the same flow run and so the
+same run id, re-attaches to the live run (reattach) instead of starting over. A verdict and a
+refusal of bad input are final: they are never retried.
 """
 from __future__ import annotations
 
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task, unmapped
@@ -21,7 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import AwaitingRetry, Cancelled, Completed, Failed, State
 
 from tasks.core.errors import UserInputError
 from tasks.core.profile import Profile
@@ -37,6 +43,8 @@ from tasks.profiling.measurements import ClusterMeasurement, TypeMeasurement
 from tasks.profiling.workflow import ProfilingJob
 
 PROGRESS_REPORT_S = 2.0  # how often the progress artifacts and events are updated
+FLOW_RETRIES = 2  # attempts after a crash, each re-attaching to the run its lease keeps alive
+RETRY_DELAY_S = 5  # well inside the shortest sensible lease (Prefect keeps whole seconds)
 
 
 # ----------------------------------------------------------------------------- stages as tasks
@@ -185,22 +193,61 @@ def run_id_of(flow_run_id: uuid.UUID) -> str:
 
 
 def _stop_hook(flow, flow_run, state) -> None:
-    """On cancellation or a crash, from the flow run alone: terminate everything the run started
-    (the stateless cleanup) and report the time and money spent, as files and on the run's page.
-    A crash while a cancel was under way (the runner's SIGTERM reached the flow's process, which
-    Prefect may record as Crashed) is that cancel: reported as Cancelled, and the run set
-    Cancelled at once. The flow's process and the runner may both run this hook for one stop:
-    one report is written and published, by whichever comes first (stages.stop_and_report)."""
+    """On cancellation, or a crash that leaves nothing to re-attach to, from the flow run alone:
+    terminate everything the run started (the stateless cleanup) and report the time and money
+    spent, as files and on the run's page. A crash while a cancel was under way (the runner's
+    SIGTERM reached the flow's process before it could acknowledge the cancel, still starting,
+    and Prefect recorded Crashed) is that cancel: reported as Cancelled, and the run set
+    Cancelled at once. The flow's process and the runner
+    may both run this hook for one stop: one report is written and published, by whichever comes
+    first (stages.stop_and_report)."""
     request = TrainRequest.model_validate(flow_run.parameters["request"])
     with get_client(sync_client=True) as client:
-        cancelled = state.is_cancelling() or state.is_cancelled() or any(
-            s.is_cancelling() for s in client.read_flow_run_states(flow_run.id))
+        cancelled = cancel_under_way(client, flow_run, state)
         summary = stages.stop_and_report(request, run_id_of(flow_run.id), "Cancelled" if cancelled else state.name)
         if cancelled and state.is_crashed():
             client.set_flow_run_state(flow_run.id, Cancelled(message="Cancelled: the run's instances are terminated"),
                                       force=True)
         if summary is not None:
             publish_stopped_report(client, flow_run, summary)
+
+
+def _crash_hook(flow, flow_run, state) -> None:
+    """A crash (the flow's process killed, or ended by an error Prefect counts as a crash) with
+    retries left, of a run that trains on under its lease: the run is left to its lease and the
+    flow run scheduled again, so its retry (a worker or `serve` picks it up) re-attaches. Prefect
+    retries only a Failed flow run by itself; a Crashed one is rescheduled here. Anything else
+    (a cancel, no retry left, a run already ended) stops and reports as _stop_hook does."""
+    request = TrainRequest.model_validate(flow_run.parameters["request"])
+    with get_client(sync_client=True) as client:
+        if (not cancel_under_way(client, flow_run, state) and retries_left(client.read_flow_run(flow_run.id))
+                and stages.lives_on_its_lease(request, run_id_of(flow_run.id))):
+            client.set_flow_run_state(flow_run.id, AwaitingRetry(
+                scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=RETRY_DELAY_S),
+                message=f"{state.name}: the run trains on under its lease; the retry re-attaches"), force=True)
+            return
+    _stop_hook(flow, flow_run, state)
+
+
+def cancel_under_way(client, flow_run, state) -> bool:
+    return state.is_cancelling() or state.is_cancelled() or any(
+        s.is_cancelling() for s in client.read_flow_run_states(flow_run.id))
+
+
+def retries_left(flow_run) -> bool:
+    """Whether Prefect would run this flow run again after this attempt (run_count counts attempts).
+    Read the flow run from the API first: the copy a runner or a run context holds may predate
+    the engine's setting of the flow's retries and the attempt's count."""
+    retries = flow_run.empirical_policy.retries
+    return retries is not None and flow_run.run_count <= retries
+
+
+def refuse_retries(flow_run_id: uuid.UUID) -> None:
+    """Make this attempt the flow run's last: a verdict (SLO missed is a Failed state) or a
+    refusal of bad input would be the same on a retry, which Prefect makes of any Failed run."""
+    with get_client(sync_client=True) as client:
+        policy = client.read_flow_run(flow_run_id).empirical_policy
+        client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"retries": 0}))
 
 
 def publish_stopped_report(client, flow_run, summary: dict) -> None:
@@ -225,6 +272,8 @@ def verdict_state(summary: dict) -> State:
     if ctx and ctx.flow_run:
         with get_client(sync_client=True) as client:
             client.update_flow_run(ctx.flow_run.id, tags=sorted({*ctx.flow_run.tags, tag}))
+        if not summary["met"]:
+            refuse_retries(ctx.flow_run.id)
     return (Completed if summary["met"] else Failed)(message=summary["verdict"], data=summary)
 
 
@@ -254,7 +303,8 @@ def reattach(setup: RunSetup, run_dir: Path, explicit: bool) -> TrainingSession 
         return None
 
 
-@flow(name="train-with-slo", on_cancellation=[_stop_hook], on_crashed=[_stop_hook])
+@flow(name="train-with-slo", retries=FLOW_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
+      on_cancellation=[_stop_hook], on_crashed=[_crash_hook])
 def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
     """Reach request.slo.target_loss (or its target_metric) before request.slo.deadline_s at the lowest cost. With
     `resume_run_id`, take over that live run instead of starting one (`spotfill run --resume`)."""
@@ -264,10 +314,12 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
     run_dir = Path(request.artifacts_dir) / run_id
     clock = stages.StageClock()
     setup = open_setup(request)
+    left_to_lease = False
     try:
         resumed = reattach(setup, run_dir, explicit=resume_run_id is not None)
         if resumed is not None:
             logger.info("re-attached to run %s at %.1f s of training", run_id, resumed.elapsed_s())
+            stages.start_revocation_replay(resumed)
             with clock("train"):
                 outcome = watch(resumed)
             return finish(resumed, outcome, clock)
@@ -294,9 +346,18 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
             outcome = watch(session)
         return finish(session, outcome, clock)
     except UserInputError as exc:
+        if ctx and ctx.flow_run:
+            refuse_retries(ctx.flow_run.id)
         return refused(exc)
+    except Exception:  # noqa: BLE001 - a crash: Prefect retries it, and the retry re-attaches
+        if ctx and ctx.flow_run:
+            with get_client(sync_client=True) as client:
+                left_to_lease = retries_left(client.read_flow_run(ctx.flow_run.id))
+            left_to_lease = left_to_lease and stages.lives_on_its_lease(request, run_id)
+        raise
     finally:
-        setup.provider.cleanup(run_id)
+        if not left_to_lease:  # a cancel, Ctrl-C, the last attempt: everything ends at once
+            setup.provider.cleanup(run_id)
 
 
 def refused(exc: UserInputError) -> State:

@@ -82,6 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="local: a spot capacity trace for a type, played from the launch at --time-scale (repeatable)")
     p.add_argument("--drought", type=type_and_seconds, action="append", default=[], metavar="TYPE=SECONDS",
                    help="local: no spot capacity of a type for SECONDS from the first revocation (repeatable)")
+    p.add_argument("--checkpoint-bucket", type=cli_args.identifier, default=None, metavar="BUCKET",
+                   help="aws: the S3 bucket for the run's lease and durable checkpoints (required on aws)")
     p.add_argument("--lease-s", type=cli_args.duration_s, default=None,
                    help="seconds the run trains on with no orchestrator watching (the CLI killed, a laptop "
                         "asleep) before it checkpoints and stops by itself (default 180)")
@@ -173,6 +175,7 @@ def build_request(args: argparse.Namespace):
             "profile_budget_s": args.profile_budget_s, "async_rule": args.async_rule,
             "confidence": args.confidence,
             "provider": {"name": args.provider, "region": args.region,
+                         "aws": {"checkpoint_bucket": args.checkpoint_bucket} if args.checkpoint_bucket else {},
                          "revocations": {"trace": args.trace or None, "trace_type": market["trace_type"],
                                          "time_scale": args.time_scale,
                                          "inject_at_s": args.revoke_at},

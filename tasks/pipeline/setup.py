@@ -66,9 +66,16 @@ def aws_config(request: TrainRequest) -> AwsConfig:
 
 
 def resolve_setup(request: TrainRequest) -> RunSetup:
-    """The setup the request alone decides: no provider, no emulation (that builds the model)."""
-    return RunSetup(request, profiling_preset(request),
-                    aws=aws_config(request) if request.provider.name == "aws" else None)
+    """The setup the request alone decides: no provider, no emulation (that builds the model).
+    An AWS run needs a checkpoint bucket: its lease lives there (tasks/runtime/lease.py), the one
+    place both the orchestrator and the PS's instance reach; a lease in the orchestrator's run
+    folder would be missing on the PS's instance, which would read it as lapsed and stop."""
+    aws = aws_config(request) if request.provider.name == "aws" else None
+    if aws is not None and not aws.checkpoint_bucket:
+        raise UserInputError("an AWS run needs a checkpoint bucket (--checkpoint-bucket, or "
+                             "provider.aws.checkpoint_bucket): its lease and checkpoints live there, "
+                             "where the parameter server's instance reads them")
+    return RunSetup(request, profiling_preset(request), aws=aws)
 
 
 def open_setup(request: TrainRequest) -> RunSetup:

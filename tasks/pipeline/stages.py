@@ -22,7 +22,7 @@ from tasks.pipeline.params import TrainRequest, profiled_curve
 from tasks.pipeline.report import finite_or_none, stopped_report_markdown, write_run_report
 from tasks.pipeline.session import Observation, TrainingSession
 from tasks.providers.capacity_replay import drought
-from tasks.providers.cleanup import cleanup_run
+from tasks.providers.cleanup import cleanup_run, running_instances
 
 REPLAN_REQUEST = "replan-request.json"
 REPLAN_REQUEST_LOCK = "replan-request.lock"  # serialises the re-plan deployment's writers of one run
@@ -69,28 +69,34 @@ def load_request_profile(request: TrainRequest) -> Profile:
 # ----------------------------------------------------------------------------- watching
 def start_revocation_replay(session: TrainingSession) -> None:
     """Replay the requested revocations, capacity traces and droughts (local provider; AWS has
-    its own market)."""
+    its own market), on the run's clock from its launch. A session taken over (journal.restore)
+    picks up where its record ends: what the last orchestrator played up to its last observation
+    is not played again, what fell due while no one watched is played at once, the rest on time."""
     rev = session.request.provider.revocations
     provider = session.provider
     if session.request.provider.name != "local":
         return
+    played_s = session.observations[-1].t_s if session.observations else 0.0
     if rev.trace:
         provider.replay_trace(session.run_id, trace_path(rev.trace), rev.time_scale, rev.notice_s,
-                              instance_type=rev.trace_type)
+                              instance_type=rev.trace_type, started_s=session.started_s, played_s=played_s)
     market = session.request.provider
     for instance_type, path in market.capacity_traces.items():
-        provider.replay_capacity(session.run_id, instance_type, load_capacity(path), rev.time_scale, rev.notice_s)
-    for instance_type, duration_s in market.droughts_s.items():
-        provider.replay_capacity(session.run_id, instance_type, drought(instance_type, duration_s), 1.0,
-                                 rev.notice_s, from_first_notice=True)
-    for at_s in rev.inject_at_s:
+        provider.replay_capacity(session.run_id, instance_type, load_capacity(path), rev.time_scale, rev.notice_s,
+                                 started_s=session.started_s)
+    notices = [e.t_s for e in session.timeline if e.kind == "revocation" and e.detail["kind"] == "revocation_notice"]
+    for instance_type, duration_s in market.droughts_s.items():  # from the run's first notice
+        provider.replay_capacity(session.run_id, instance_type, drought(instance_type, duration_s), 1.0, rev.notice_s,
+                                 from_first_notice=not notices,
+                                 started_s=session.started_s + notices[0] if notices else None)
+    for at_s in (t for t in rev.inject_at_s if t > played_s):
         def inject(at_s=at_s) -> None:
             victims = [i for i in provider.describe(session.run_id)  # on-demand workers are never revoked
                        if i.role == "worker" and i.market == "spot" and i.state == "running"]
             if victims:
                 provider.inject_revocation(session.run_id, victims[-1].instance_id, rev.notice_s)
 
-        timer = threading.Timer(at_s, inject)
+        timer = threading.Timer(max(0.0, at_s - session.elapsed_s()), inject)
         timer.daemon = True
         timer.start()
 
@@ -143,6 +149,28 @@ def stop_and_report(request: TrainRequest, run_id: str, state_name: str) -> dict
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "report.md", stopped_report_markdown(summary))
     return summary
+
+
+def lives_on_its_lease(request: TrainRequest, run_id: str) -> bool:
+    """Whether a run whose orchestrator crashed trains on by itself, so that a retry of its flow
+    run can take it over (journal.restore): it recorded a session with a leased parameter server,
+    its lease has not lapsed, and that PS still runs. A run ended at once (Ctrl-C, a cancel, a
+    failure cleaned up) or never launched does not."""
+    from tasks.runtime.driver import lease_place  # deferred: torch (start-up cost)
+    from tasks.runtime.lease import expiry_s
+
+    run_dir = Path(request.artifacts_dir) / run_id
+    record = journal.load(run_dir)
+    attached = None if record is None else record["run"]
+    if attached is None or attached["lease_s"] is None:
+        return False
+    expires_at_s = expiry_s(lease_place(run_dir, attached["ps_settings"].get("durable_url")))
+    if expires_at_s is None or expires_at_s <= time.time():
+        return False
+    running = {i.instance_id for i in running_instances(
+        request.provider.name, run_id, artifacts_dir=Path(request.artifacts_dir),
+        aws_config={**request.provider.aws, "region": request.provider.region})}
+    return set(attached["ps_instance_ids"]) <= running
 
 
 def notify_progress(session: TrainingSession, obs: Observation) -> None:

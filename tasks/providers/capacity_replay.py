@@ -37,18 +37,26 @@ def revoke_excess(provider: Provider, run_id: str, instance_type: str, available
 
 
 def play(provider: Provider, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
-         notice_s: float, start: threading.Event, stop: threading.Event) -> threading.Thread:
-    """Play `trace` (trace seconds at `time_scale` per real second) from when `start` is set, in a
-    background thread (returned), until the trace ends or `stop` is set (set `start` too, then)."""
+         notice_s: float, start: threading.Event, stop: threading.Event, *,
+         started_s: float | None = None) -> threading.Thread:
+    """Play `trace` (trace seconds at `time_scale` per real second) from when `start` is set, or
+    from `started_s` (time.time(): a replay another process began, `spotfill run --resume`), in a
+    background thread (returned), until the trace ends or `stop` is set (set `start` too, then).
+    Of the steps already due, only the last is played: it is the market's capacity now."""
 
     def replay() -> None:
         start.wait()
         if stop.is_set():
             return
-        began_s = time.monotonic()
+        began_s = time.monotonic() - (0.0 if started_s is None else max(0.0, time.time() - started_s))
+        played_s = time.monotonic() - began_s
+        if played_s >= trace.duration_s / time_scale:
+            return  # the trace ended while no one played it
+        steps = list(zip(trace.times_s.tolist(), trace.available.tolist()))
+        due = sum(1 for at_s, _ in steps if at_s / time_scale <= played_s)
         before = provider.capacity.get(instance_type)
         try:
-            for at_s, available in zip(trace.times_s.tolist(), trace.available.tolist()):
+            for at_s, available in steps[max(0, due - 1):]:
                 if stop.wait(max(0.0, at_s / time_scale - (time.monotonic() - began_s))):
                     return
                 provider.capacity[instance_type] = int(available)

@@ -1,11 +1,12 @@
-"""Terminate everything a run started, from nothing but its id and where it ran: stateless, so
-the CLI's `spotfill cleanup` and the flow's crash and cancel hooks (in whatever process Prefect
-runs them) share it."""
+"""Terminate everything a run started, or list what of it still runs, from nothing but its id and
+where it ran: stateless, so the CLI's `spotfill cleanup` and the flow's crash and cancel hooks (in
+whatever process Prefect runs them) share it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from tasks.core.errors import UserInputError
+from tasks.providers.base import Instance
 from tasks.providers.local import LocalProvider
 
 
@@ -27,3 +28,14 @@ def cleanup_run(provider: str, run_id: str, *, artifacts_dir: Path = Path("artif
         raise UserInputError(f"no instance or security group tagged {TAG_RUN}={run_id} in {aws.config.region} "
                              "(--missing-ok to accept an unknown run id)")
     return aws.cleanup(run_id, wait=wait), aws.config.region
+
+
+def running_instances(provider: str, run_id: str, *, artifacts_dir: Path = Path("artifacts"),
+                      aws_config: dict | None = None) -> list[Instance]:
+    """The run's instances not yet terminated (a crash hook asks whether the run lives on its lease)."""
+    from tasks.providers.aws import AwsProvider, check_id, load_aws_config  # deferred: boto3 (start-up cost)
+
+    run_id = check_id("run id", run_id)
+    found = (LocalProvider(artifacts_dir=artifacts_dir) if provider == "local"
+             else AwsProvider(load_aws_config(aws_config or {}))).describe(run_id)
+    return [i for i in found if i.state != "terminated"]

@@ -14,9 +14,11 @@ The instance table (and the events not yet polled) lives in <artifacts>/<run-id>
 rewritten atomically, so `describe` and `cleanup(run_id)` work from another process. Every process
 a LocalProvider starts is also killed when the starting process exits (atexit) or gets
 SIGTERM/SIGINT (those after a SIGTERM and up to terminate_grace_s to leave: a PS writes its final
-checkpoint); should it be killed outright (SIGKILL), the PS and workers see that the pid in
-SPOTFILL_WATCH_PID is gone and stop by themselves. A detached Startup gets no SPOTFILL_WATCH_PID:
-its run's lease ends it instead (tasks/runtime/lease.py), so it trains on while no one watches.
+checkpoint), unless other code handles that signal, as Prefect's flow engine does SIGTERM: its
+exception unwinds the process, whose cleanup and atexit end them. Should it be killed outright
+(SIGKILL), the PS and workers see that the pid in SPOTFILL_WATCH_PID is gone and stop by
+themselves. A detached Startup gets no SPOTFILL_WATCH_PID: its run's lease ends it instead
+(tasks/runtime/lease.py), so it trains on while no one watches.
 
 Revocations: `inject_revocation(run_id, instance_id, notice_s)` writes the instance's notice file,
 records a `revocation_notice` event, and takes the instance at the deadline (SIGKILL to its
@@ -159,8 +161,8 @@ class LocalProvider(Provider):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous = signal.getsignal(sig)
-                if previous is not signal.SIG_IGN:  # ignored (a background job's SIGINT): it stops nothing
-                    signal.signal(sig, lambda s, f, prev=previous: self._on_signal(s, f, prev))
+                if _may_go_in_front_of(previous):
+                    signal.signal(sig, _KillOnSignal(self, previous))
 
     # ------------------------------------------------------------ the table
 
@@ -393,20 +395,24 @@ class LocalProvider(Provider):
         return event
 
     def replay_trace(self, run_id: str, trace_path: Path, time_scale: float, notice_s: float,
-                     instance_type: str | None = None) -> threading.Thread:
+                     instance_type: str | None = None, *, started_s: float | None = None,
+                     played_s: float = 0.0) -> threading.Thread:
         """Replay a trace's revocations against this run's spot workers, `time_scale` trace seconds
         per real second, in a background thread (returned; it ends with the trace). A drop that
         took a fraction f of the trace's instances gives f of the run's running spot workers a
         notice; fractions of a worker carry over to the next drop, so a 32-node trace maps onto a
-        4-worker run in proportion."""
+        4-worker run in proportion. The replay's clock starts now, or at `started_s` (time.time())
+        for a replay another process began (`spotfill run --resume`): the drops of its first
+        `played_s` real seconds are not played again, and those since (while no one watched) at once."""
         trace = load_trace(trace_path)
-        drops = list(zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()))
-        start_s = time.monotonic()
+        drops = [(at_s / time_scale, fraction) for at_s, fraction
+                 in zip(trace.event_times_s.tolist(), trace.revoked_fraction.tolist()) if at_s / time_scale > played_s]
+        start_s = time.monotonic() - (0.0 if started_s is None else max(0.0, time.time() - started_s))
 
         def replay() -> None:
             carry = 0.0
-            for at_s, fraction in drops:
-                delay_s = at_s / time_scale - (time.monotonic() - start_s)
+            for due_s, fraction in drops:
+                delay_s = due_s - (time.monotonic() - start_s)
                 if delay_s > 0:
                     time.sleep(delay_s)
                 victims = [i for i in self.describe(run_id) if i.role == "worker" and i.market == "spot"
@@ -427,16 +433,19 @@ class LocalProvider(Provider):
             return self._first_notices.setdefault(run_id, threading.Event())
 
     def replay_capacity(self, run_id: str, instance_type: str, trace: CapacityTrace, time_scale: float,
-                        notice_s: float, *, from_first_notice: bool = False) -> threading.Thread:
+                        notice_s: float, *, from_first_notice: bool = False,
+                        started_s: float | None = None) -> threading.Thread:
         """Play a capacity trace against this run's spot instances of one type, `time_scale` trace
-        seconds per real second, from now or from the run's first revocation notice, in a
-        background thread (returned; it ends with the trace). See capacity_replay.py."""
+        seconds per real second, from now, from `started_s` (time.time(): a replay another process
+        began) or from the run's first revocation notice, in a background thread (returned; it
+        ends with the trace). See capacity_replay.py."""
         if instance_type not in self.types:
             raise UserInputError(f"unknown instance type {instance_type!r}; local offers {', '.join(self.types)}")
         start = self.first_notice(run_id) if from_first_notice else threading.Event()
         if not from_first_notice:
             start.set()
-        return capacity_replay.play(self, run_id, instance_type, trace, time_scale, notice_s, start, self._stop_replays)
+        return capacity_replay.play(self, run_id, instance_type, trace, time_scale, notice_s, start, self._stop_replays,
+                                    started_s=started_s)
 
     # ------------------------------------------------------------ no leaks
 
@@ -476,6 +485,29 @@ class LocalProvider(Provider):
         elif previous == signal.SIG_DFL:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+
+class _KillOnSignal:
+    """A provider's signal handler: kill what it started, then pass the signal on."""
+
+    def __init__(self, provider: LocalProvider, previous) -> None:
+        self.provider, self.previous = provider, previous
+
+    def __call__(self, signum, frame) -> None:
+        self.provider._on_signal(signum, frame, self.previous)
+
+
+def _may_go_in_front_of(handler) -> bool:
+    """Whether a provider's handler may replace `handler`, passing the signal on to it: Python's
+    own (the default action, ignore, KeyboardInterrupt) or another provider's. A handler that other
+    code installed stays in place: it turns the signal into an exception that unwinds the process
+    through its cleanup (`finally`, atexit), and its owner may check that it is still installed.
+    Prefect's flow engine installs one for SIGTERM, and its runner acknowledges a cancel only while
+    it is in place; replaced, the cancel's SIGTERM would be recorded as a crash. An ignored signal
+    (a background job's SIGINT) stays ignored: it stops nothing."""
+    if handler is signal.SIG_IGN:
+        return False
+    return not callable(handler) or handler is signal.default_int_handler or isinstance(handler, _KillOnSignal)
 
 
 def _kill_group(pid: int, sig: int) -> None:

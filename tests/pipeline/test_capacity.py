@@ -82,7 +82,8 @@ def test_a_type_short_on_aws_is_replanned_around(moto_endpoint, moto_amis, tmp_p
     from tasks.runtime.driver import TrainingRun
 
     aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
-           "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"], "on_demand_usd_per_h": {"c5.xlarge": 0.17}}
+           "candidate_types": ["g4dn.2xlarge", "g4dn.12xlarge"], "on_demand_usd_per_h": {"c5.xlarge": 0.17},
+           "checkpoint_bucket": "spotfill-checkpoints"}
     types = ["g4dn.2xlarge", "g4dn.12xlarge"]
     request = TrainRequest.model_validate({
         "workload": "transformer-lm", "slo": {"target_loss": 0.8, "deadline_s": 6000.0},
@@ -179,7 +180,8 @@ def test_on_demand_twins_launch_on_the_on_demand_market_on_aws(moto_endpoint, mo
 
     types = ["g4dn.2xlarge", "g4dn.12xlarge"]
     aws = {"endpoint_url": moto_endpoint, "ami_ids": moto_amis, "spot_price_archive": str(PRICE_ARCHIVE),
-           "candidate_types": types, "on_demand_usd_per_h": {"c5.xlarge": 0.17}}
+           "candidate_types": types, "on_demand_usd_per_h": {"c5.xlarge": 0.17},
+           "checkpoint_bucket": "spotfill-checkpoints"}
     request = TrainRequest.model_validate({
         "workload": "transformer-lm", "slo": {"target_loss": 0.8, "deadline_s": 6000.0},
         "candidates": {"types": types, "quotas": {"g4dn.2xlarge": 4, "g4dn.12xlarge": 1},

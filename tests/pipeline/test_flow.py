@@ -76,7 +76,8 @@ def test_bad_parameters_are_a_validation_error_and_launch_nothing(prefect_harnes
     ([], {"SPOTFILL_PS_BIND": "nowhere"}, "SPOTFILL_PS_BIND='nowhere' is not an IP address"),
     ([], {"PREFECT_API_URL": "127.0.0.1:4200/api"}, "PREFECT_API_URL='127.0.0.1:4200/api': endpoint URL must be"),
     (["--profile", str(SHIPPED_PROFILE)], {}, "was measured for workload 'resnet110-cifar100'"),
-    (["--provider", "aws", "--profile", PROFILE, "--trace", ""],
+    (["--provider", "aws", "--profile", PROFILE, "--trace", ""], {}, "an AWS run needs a checkpoint bucket"),
+    (["--provider", "aws", "--profile", PROFILE, "--trace", "", "--checkpoint-bucket", "ckpts"],
      {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": "/nonexistent",
       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}, "no AWS credentials found"),
 ])
@@ -88,7 +89,10 @@ def test_cli_bad_parameters_exit_2_before_a_server_or_a_process_starts(tmp_path,
     assert list(tmp_path.iterdir()) == []  # no Prefect server's log, no run folder
 
 
-def test_interrupted_run_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_run_leaves_no_process(tmp_path, sig, status):
+    """Ctrl-C or SIGTERM mid-training ends the whole run at once (the lease is for a run left
+    unwatched); under Prefect's SIGTERM handler, the flow's own cleanup ends the instances."""
     env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tasks.cli.main", "run", "--profile", PROFILE, "--types", ",".join(TYPES),
@@ -99,8 +103,8 @@ def test_interrupted_run_leaves_no_process(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None and len(alive_pids(tmp_path)) < 2:
             time.sleep(0.5)  # until the PS and a worker run
         assert len(alive_pids(tmp_path)) >= 2, f"the run never started its instances (exit {proc.poll()})"
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=300)  # a hang guard: on a loaded machine the shutdown's Prefect calls are slow too
+        proc.send_signal(sig)
+        assert proc.wait(timeout=300) == status  # a hang guard: on a loaded machine the shutdown's Prefect calls are slow too
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,6 +3,7 @@ and re-attached to its live PS, or not at all, with the reason in one line."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -92,3 +93,48 @@ def test_no_record_no_resume(tmp_path):
     assert journal.load(tmp_path) is None
     with pytest.raises(UserInputError, match="holds no recorded session"):
         journal.recorded_request(tmp_path)
+
+
+class ReplayRecorder:
+    """A local provider's replay entry points, recorded (nothing is played)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def replay_trace(self, run_id, path, time_scale, notice_s, **kw):
+        self.calls.append(("trace", kw))
+
+    def replay_capacity(self, run_id, instance_type, trace, time_scale, notice_s, **kw):
+        self.calls.append(("capacity", kw))
+
+
+def test_a_taken_over_runs_revocation_replays_pick_up_where_its_record_ends(tmp_path, monkeypatch):
+    """Launched 100 s ago, last observed at 50 s, first notice at 20 s: the trace skips its first
+    50 s, the drought runs from that notice, a revocation due at 30 s is not injected again, the
+    one at 60 s (missed) is injected at once, the one at 500 s on time."""
+    from tasks.pipeline import stages
+
+    profile = load_profile(SHIPPED_PROFILE)
+    request = TrainRequest.model_validate({
+        "slo": {"target_loss": 1.2, "deadline_s": 600}, "candidates": {"types": profile.type_names},
+        "provider": {"name": "local", "droughts_s": {"p3.2xlarge": 40.0}, "revocations": {
+            "trace": "bamboo_aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv", "inject_at_s": [30, 60, 500]}}})
+    recorder = ReplayRecorder()
+    session = TrainingSession(replace(resolve_setup(request), provider=recorder), profile, "r", tmp_path)
+    session.started_s = time.time() - 100.0
+    session.observations = [observation(10.0), observation(50.0)]
+    session.timeline.append(TimelineEntry(20.0, "revocation", {"instance_id": "w1", "kind": "revocation_notice"}))
+    timers = []
+
+    class RecordedTimer:  # the injections' timers: their delays, nothing started
+        def __init__(self, delay_s, action):
+            timers.append(delay_s)
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(stages.threading, "Timer", RecordedTimer)
+    stages.start_revocation_replay(session)
+    assert recorder.calls == [("trace", {"instance_type": None, "started_s": session.started_s, "played_s": 50.0}),
+                              ("capacity", {"from_first_notice": False, "started_s": session.started_s + 20.0})]
+    assert timers[0] == 0.0 and timers[1] == pytest.approx(400.0, abs=5.0) and len(timers) == 2

@@ -68,6 +68,37 @@ def test_a_killed_cli_is_resumed_to_the_slo_with_the_whole_run_reported(tmp_path
     assert alive_pids(tmp_path) == []
 
 
+def test_a_revocation_due_after_the_kill_is_played_once_by_the_resumed_run(tmp_path):
+    """`--revoke-at 8` and the CLI killed at its first update: the revocation falls to whichever
+    `run` watches at 8 s of the run, the killed one or the resuming one (at once if it fell due
+    unwatched), never to both and never to neither."""
+    env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    cli = [sys.executable, "-m", "tasks.cli.main", "run"]
+    first = subprocess.Popen(
+        [*cli, "--profile", str(LOCAL_QUICK_PROFILE), "--types", "p3.2xlarge,g3.8xlarge", "--loss", "1.5",
+         "--deadline", "900", "--trace", "", "--revoke-at", "8", "--no-filling", "--artifacts", str(tmp_path),
+         "--lease-s", "120"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def training():
+            runs = [p.parent for p in tmp_path.glob("run-*/session.json")]
+            return runs and any(o["updates"] > 0 for o in records(runs[0] / "observations.jsonl")) and runs[0]
+
+        run_dir = wait_until(lambda: first.poll() is not None or training(), 900, "training")
+        assert first.poll() is None, f"the run ended before training (exit {first.returncode})"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        resumed = subprocess.run([*cli, "--resume", run_dir.name, "--json"], cwd=REPO, env=env, capture_output=True,
+                                 text=True, timeout=900)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout)
+    notices = [e for e in summary["timeline"] if e["kind"] == "revocation_notice"]
+    assert summary["revocations"] == len(notices) == 1 and notices[0]["t_s"] >= 8.0, summary["timeline"]
+    assert alive_pids(tmp_path) == []
+
+
 def test_a_dead_parameter_server_is_restarted_and_the_run_meets_its_slo(prefect_harness, tmp_path):
     from flows.train_with_slo import train_with_slo
     from tasks.pipeline.params import TrainRequest
@@ -99,4 +130,48 @@ def test_a_dead_parameter_server_is_restarted_and_the_run_meets_its_slo(prefect_
     rows = json.loads((run_dir / "instances.json").read_text())["instances"]
     assert [r["plan_id"] for r in rows if r["role"] == "ps"] == ["ps", "ps-restart-1"]
     assert not any(r["plan_id"].startswith("replan") for r in rows)  # the same workers rejoined
+    assert alive_pids(tmp_path) == []
+
+
+def test_a_crashed_attempt_is_retried_and_its_retry_reattaches_to_the_live_run(prefect_harness, tmp_path):
+    """The flow's first attempt raises mid-training (a progress listener, which the watch loop
+    calls at every poll, fails once: an orchestrator bug). Prefect retries the flow run; the run
+    was left to its lease, so the retry, the same flow run, re-attaches to it: same run id, the
+    same PS and workers trained on, no second PS, no duplicate worker, and it meets its SLO."""
+    from prefect import get_client
+
+    from flows.train_with_slo import train_with_slo
+    from tasks.pipeline import stages
+    from tasks.pipeline.params import TrainRequest
+
+    request = TrainRequest.model_validate({
+        "workload": "transformer-lm", "workload_options": {"seq_len": 16}, "profile": str(LOCAL_QUICK_PROFILE),
+        "slo": {"target_loss": 1.6, "deadline_s": 600}, "candidates": {"types": ["p3.2xlarge", "g3.8xlarge"]},
+        "filling": {"enabled": False},
+        "artifacts_dir": str(tmp_path), "lease_s": 120})
+    crashed = []
+
+    def crash_once_training(session, obs) -> None:
+        if not crashed and obs.updates > 0:
+            crashed.append({"run_id": session.run_id, "pids": sorted(alive_pids(tmp_path))})
+            raise RuntimeError("the orchestrator failed mid-training")
+
+    stages.PROGRESS_LISTENERS.append(crash_once_training)
+    try:
+        state = train_with_slo(request, return_state=True)
+    finally:
+        stages.PROGRESS_LISTENERS.remove(crash_once_training)
+    summary = state.result()
+    assert crashed and summary["met"], summary["verdict"]
+    assert summary["run_id"] == crashed[0]["run_id"] and len(crashed[0]["pids"]) >= 2
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(state.state_details.flow_run_id)
+        history = [s.name for s in client.read_flow_run_states(flow_run.id)]
+    assert flow_run.run_count == 2 and "AwaitingRetry" in history
+    run_dir = tmp_path / summary["run_id"]
+    rows = json.loads((run_dir / "instances.json").read_text())["instances"]
+    assert sorted(r["pid"] for r in rows) == crashed[0]["pids"]  # the processes the crash left, none started since
+    assert [r["role"] for r in rows].count("ps") == 1 and not any(r["plan_id"].startswith("replan") for r in rows)
+    joins = [r for r in records(run_dir / "telemetry.jsonl") if r["kind"] == "join"]
+    assert len(joins) == len([r for r in rows if r["role"] == "worker"])  # no worker joined twice
     assert alive_pids(tmp_path) == []

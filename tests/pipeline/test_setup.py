@@ -28,9 +28,16 @@ def test_the_request_alone_decides_the_preset_and_the_aws_config(tmp_path):
     assert p.workload == "transformer-lm" and p.workload_options == {"seq_len": 16} and p.types == ("g3.8xlarge",)
     assert p.cluster_budget_s == 120 and all(set(c) == {"g3.8xlarge"} for c in p.fit_clusters)
     assert setup.provider is None and setup.aws is None and setup.emulation == {} and setup.offered == {}
-    aws = resolve_setup(request(tmp_path, provider={"name": "aws", "region": "us-west-2"},
+    aws = resolve_setup(request(tmp_path, provider={"name": "aws", "region": "us-west-2",
+                                                    "aws": {"checkpoint_bucket": "ckpts"}},
                                 budget={"max_instances": 5, "max_usd_per_h": 9.0})).aws
     assert isinstance(aws, AwsConfig) and (aws.region, aws.max_instances, aws.max_usd_per_hour) == ("us-west-2", 5, 9.0)
+
+
+def test_an_aws_run_without_a_checkpoint_bucket_is_refused_before_anything_starts(tmp_path):
+    """Its lease would be a file on the orchestrator's machine, which the PS's instance lacks."""
+    with pytest.raises(UserInputError, match=r"^an AWS run needs a checkpoint bucket \(--checkpoint-bucket"):
+        resolve_setup(request(tmp_path, provider={"name": "aws", "region": "us-west-2"}))
 
 
 def test_the_profiling_job_carries_the_runs_rules(tmp_path):

@@ -19,9 +19,9 @@ def request(tmp_path, **patch) -> TrainRequest:
 
 
 def test_a_cancel_seen_as_a_crash_ends_cancelled_with_one_report_on_its_flow_run(prefect_harness, tmp_path):
-    """The runner's SIGTERM may reach the flow's process as a crash during a cancel; that hook and
-    the runner's cancellation hook both run, with no run context. One report lands on the flow
-    run, under the deployment's (here the flow's) key: cancelled, with the time, spend, plan and
+    """A cancel's SIGTERM may reach a flow's process still starting as a crash; that hook and the
+    runner's cancellation hook both run, with no run context. One report lands on the flow run,
+    under the deployment's (here the flow's) key: cancelled, with the time, spend, plan and
     timeline the run's last progress had reached and the instances running then counted as ended
     (whoever ended them); the run ends Cancelled."""
     from prefect import get_client

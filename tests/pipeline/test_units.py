@@ -463,13 +463,13 @@ def test_an_aws_run_with_a_checkpoint_bucket_gives_its_ps_a_durable_url(tmp_path
     from tasks.runtime.driver import ps_startup
 
     profile = load_profile(SHIPPED_PROFILE)
-    for aws, url in (({"checkpoint_bucket": "ckpts"}, "s3://ckpts/run-x"), ({}, None)):
-        request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names},
-                                                      "provider": {"name": "aws", "aws": aws}})
-        session = TrainingSession(resolve_setup(request), profile, "run-x", tmp_path)
-        assert session.durable_url == url
+    request = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names},
+                                                  "provider": {"name": "aws", "aws": {"checkpoint_bucket": "ckpts"}}})
+    assert TrainingSession(resolve_setup(request), profile, "run-x", tmp_path).durable_url == "s3://ckpts/run-x"
+    local = TrainRequest.model_validate(GOOD | {"candidates": {"types": profile.type_names}})
+    assert TrainingSession(resolve_setup(local), profile, "run-x", tmp_path).durable_url is None
     argv = ps_startup(tmp_path, 5000, "resnet20", {}, durable_url="s3://ckpts/run-x", leased=True).argv
     assert argv[argv.index("--durable-url") + 1] == "s3://ckpts/run-x"
     assert argv[argv.index("--lease") + 1] == "s3://ckpts/run-x/lease.json"  # where the PS, on AWS, reads it
-    local = ps_startup(tmp_path, 5000, "resnet20", {}, leased=True).argv
-    assert local[local.index("--lease") + 1] == str(tmp_path / "lease.json")
+    argv = ps_startup(tmp_path, 5000, "resnet20", {}, leased=True).argv
+    assert argv[argv.index("--lease") + 1] == str(tmp_path / "lease.json")

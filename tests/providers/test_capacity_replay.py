@@ -59,3 +59,25 @@ def test_a_drop_revokes_the_excess_spot_instances_and_the_capacity_returns(provi
     assert sorted(notices) == sorted(i.instance_id for i in spot)  # 3 -> 1 -> 0: two, then the last
     assert {i.instance_id for i in provider.describe("r") if i.state == "running"} == {i.instance_id for i in on_demand}
     assert provider.capacity["g3.8xlarge"] == 5  # the trace ended: the capacity set before holds again
+
+
+def test_a_capacity_replay_taken_over_plays_the_capacity_of_now_and_nothing_of_an_ended_trace(provider, tmp_path):
+    """Begun 150 s ago by another orchestrator: of the steps already due (3, then 0, then 2) only
+    the last is the market now, so one of three spot instances gets a notice, not all three.
+    A trace that ended while no one played it changes nothing."""
+    path = tmp_path / "g3.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [3, 0, 2, 2]}))
+    spot = provider.launch("r", "p0", "g3.8xlarge", 3, startup=sleeper_startup()).instances
+    provider.replay_capacity("r", "g3.8xlarge", load_capacity(path), time_scale=1.0, notice_s=30.0,
+                             started_s=time.time() - 150.0)
+    _wait(lambda: provider.capacity.get("g3.8xlarge") == 2 and any(i.state == "notice" for i in provider.describe("r")))
+    notices = [e.instance_id for e in provider.poll_events("r") if e.kind == "revocation_notice"]
+    assert notices == [spot[-1].instance_id]
+    provider.kill_all_started()  # stops the replay, which restores the capacity
+    _wait(lambda: "g3.8xlarge" not in provider.capacity)
+    ended = LocalProvider(tmp_path / "ended")
+    ended.launch("r", "p0", "g3.8xlarge", 3, startup=sleeper_startup())
+    ended.replay_capacity("r", "g3.8xlarge", load_capacity(path), time_scale=1.0, notice_s=30.0,
+                          started_s=time.time() - 1000.0).join(timeout=60)
+    assert ended.poll_events("r") == [] and "g3.8xlarge" not in ended.capacity
+    ended.kill_all_started()

@@ -59,6 +59,28 @@ def test_default_types_come_from_the_shipped_profile():
     assert speed["g4dn.4xlarge"] == pytest.approx(0.378964 / 1.201062)
 
 
+def test_a_provider_made_in_a_flow_run_leaves_prefects_sigterm_handler_in_place(tmp_path):
+    """Prefect's runner acknowledges a cancel only while its flow engine's SIGTERM handler is
+    installed; replaced, the cancel's SIGTERM is recorded as a crash (Running, Cancelling, Crashed).
+    The provider's own handler goes in front of Python's defaults and of other providers' only."""
+    from prefect.utilities.engine import can_ack_control_intent, capture_sigterm
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with capture_sigterm():
+            first, second = LocalProvider(tmp_path), LocalProvider(tmp_path)
+            assert can_ack_control_intent()
+            ctrl_c = signal.getsignal(signal.SIGINT)
+            assert ctrl_c.provider is second and ctrl_c.previous.provider is first  # both kill on Ctrl-C
+            assert ctrl_c.previous.previous is saved[signal.SIGINT]
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        LocalProvider(tmp_path)
+        assert signal.getsignal(signal.SIGTERM).previous == signal.SIG_DFL  # outside a flow run it kills on SIGTERM
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.integration
 def test_launch_is_idempotent_and_terminate_kills_the_group(provider):
     first = provider.launch("r", "p0", "p3.2xlarge", 2, startup=GROUP)
@@ -128,6 +150,21 @@ def test_trace_replay_revokes_at_scaled_times(provider):
     assert time.time() - start >= 25529 / 50_000 - 0.05  # not before its scaled time (later is the machine's load)
     events = provider.poll_events("r")
     assert events[0].kind == "revocation_notice" and events[0].deadline_s - events[0].at_s == pytest.approx(5.0)
+
+
+@pytest.mark.integration
+def test_a_trace_replay_taken_over_skips_what_was_played_and_plays_what_fell_due(provider, tmp_path):
+    """Another orchestrator began the replay 201 s ago and played its first 150 s: the drop at
+    100 s is not played again, the one at 200 s (missed while no one watched) is played at once,
+    the one at 203 s on time. Played again, the first drop would make three notices, not two."""
+    trace = tmp_path / "g4dn-taken-over.csv"
+    trace.write_text("0,4\n100,3\n200,2\n203,1\n300,1\n")  # drops of 1/4, 1/3 and 1/2
+    provider.launch("r", "p0", "g4dn.4xlarge", 4, startup=SLEEPER)
+    started_s = time.time() - 201.0
+    provider.replay_trace("r", trace, time_scale=1.0, notice_s=60.0, started_s=started_s, played_s=150.0).join(timeout=60)
+    notices = [e for e in provider.poll_events("r") if e.kind == "revocation_notice"]
+    assert len(notices) == 2  # 1/3 of 4: one (a third carried), then 1/2 of 3 plus the third: one
+    assert notices[-1].at_s >= started_s + 203.0  # not before its time
 
 
 @pytest.mark.integration
