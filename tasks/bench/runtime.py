@@ -490,12 +490,14 @@ def run_runtime_bench(device: str = "cpu", quick: bool = False, scaling: bool = 
         if case.with_whole:
             cases.append(case_result(case.label + WHOLE_LABEL, case.batch, measured["whole"], vector_mb, loopback, bus_s))
     result: dict = {"device": device, "cases": cases, "quick": quick, "run_dir": str(runs)}
-    if skipped:
-        result["skipped"] = skipped
     if scaling and "gpus" in parts:
         result["inside_an_instance"] = scaling_inside_an_instance(runs, window_s=3.0 if quick else 10.0)
-    if "evaluation" in parts:
+    if "evaluation" in parts and time.monotonic() - started_s >= max_s:
+        skipped.append("evaluation")
+    elif "evaluation" in parts:
         result["evaluation"] = evaluation_cost(runs, TINY, rounds=2 if quick else 6, device=device)
+    if skipped:
+        result["skipped"] = skipped
     if scaling and "workers" in parts:
         counts = [1, 4, 8] if quick else list(range(1, MAX_WORKERS + 1))
         curves = {}
