@@ -313,7 +313,10 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
     run_id = resume_run_id or run_id_of(ctx.flow_run.id if ctx and ctx.flow_run else uuid.uuid4())
     run_dir = Path(request.artifacts_dir) / run_id
     clock = stages.StageClock()
-    setup = open_setup(request)
+    try:
+        setup = open_setup(request)
+    except UserInputError as exc:
+        return refused(exc)
     left_to_lease = False
     try:
         resumed = reattach(setup, run_dir, explicit=resume_run_id is not None)
@@ -346,8 +349,6 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
             outcome = watch(session)
         return finish(session, outcome, clock)
     except UserInputError as exc:
-        if ctx and ctx.flow_run:
-            refuse_retries(ctx.flow_run.id)
         return refused(exc)
     except Exception:  # noqa: BLE001 - a crash: Prefect retries it, and the retry re-attaches
         if ctx and ctx.flow_run:
@@ -361,9 +362,13 @@ def train_with_slo(request: TrainRequest, resume_run_id: str | None = None):
 
 
 def refused(exc: UserInputError) -> State:
-    """Bad input (an unreachable target, a run that cannot be resumed) ends the run Failed with
-    one clear line, in its log and as its message, where Prefect would log a traceback; the error
+    """Bad input (an unreachable target, a run that cannot be resumed, a setting no provider can
+    start) ends the run Failed with one clear line, in its log and as its message, where Prefect
+    would log a traceback, and is never retried (a retry would be refused the same); the error
     stays the result, so run_summary raises it (`spotfill run` exits 2 on it)."""
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        refuse_retries(ctx.flow_run.id)
     get_run_logger().error("%s", exc)
     return Failed(message=str(exc), data=exc)
 
