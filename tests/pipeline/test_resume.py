@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,19 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
 
 
+def kill_once_training(first: subprocess.Popen, artifacts) -> Path:
+    """SIGKILL the CLI `first` once its run (under `artifacts`) has applied an update; its run folder."""
+    def training():
+        runs = [p.parent for p in artifacts.glob("run-*/session.json")]
+        return runs and any(o["updates"] > 0 for o in records(runs[0] / "observations.jsonl")) and runs[0]
+
+    run_dir = wait_until(lambda: first.poll() is not None or training(), 900, "training")
+    assert first.poll() is None, f"the run ended before training (exit {first.returncode})"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    return run_dir
+
+
 def test_a_killed_cli_is_resumed_to_the_slo_with_the_whole_run_reported(tmp_path):
     env = os.environ | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     cli = [sys.executable, "-m", "tasks.cli.main", "run"]
@@ -38,14 +52,7 @@ def test_a_killed_cli_is_resumed_to_the_slo_with_the_whole_run_reported(tmp_path
          "--deadline", "900", "--trace", "", "--no-filling", "--artifacts", str(tmp_path), "--lease-s", "120"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        def training():
-            runs = [p.parent for p in tmp_path.glob("run-*/session.json")]
-            return runs and any(o["updates"] > 0 for o in records(runs[0] / "observations.jsonl")) and runs[0]
-
-        run_dir = wait_until(lambda: first.poll() is not None or training(), 900, "training")
-        assert first.poll() is None, f"the run ended before training (exit {first.returncode})"
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        run_dir = kill_once_training(first, tmp_path)
         killed_at = time.time()
         before = [r for r in records(run_dir / "telemetry.jsonl") if r["kind"] == "update"]
         wait_until(lambda: any(r["kind"] == "update" and r["t"] > killed_at
@@ -79,14 +86,7 @@ def test_a_revocation_due_after_the_kill_is_played_once_by_the_resumed_run(tmp_p
          "--deadline", "900", "--trace", "", "--revoke-at", "8", "--no-filling", "--artifacts", str(tmp_path),
          "--lease-s", "120"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        def training():
-            runs = [p.parent for p in tmp_path.glob("run-*/session.json")]
-            return runs and any(o["updates"] > 0 for o in records(runs[0] / "observations.jsonl")) and runs[0]
-
-        run_dir = wait_until(lambda: first.poll() is not None or training(), 900, "training")
-        assert first.poll() is None, f"the run ended before training (exit {first.returncode})"
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        run_dir = kill_once_training(first, tmp_path)
         resumed = subprocess.run([*cli, "--resume", run_dir.name, "--json"], cwd=REPO, env=env, capture_output=True,
                                  text=True, timeout=900)
     finally:
