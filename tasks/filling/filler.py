@@ -16,6 +16,10 @@ from tasks.filling.guard import StepTimeGuard
 from tasks.filling.monitor import BubbleMonitor
 from tasks.filling.scheduler import Chunk, Scheduler
 
+# The longest a waiting lane sleeps between looks when nothing wakes it sooner: a safety net only,
+# since every event that can make room notifies the waiting lanes.
+LANE_WAIT_CAP_S = 0.5
+
 
 @dataclass(frozen=True)
 class ChunkRecord:
@@ -106,13 +110,18 @@ class Filler:
     def _lane(self, lane: str) -> None:
         clock = self.monitor.clock
         self.executor.lane_setup(lane)
+        # A lane wakes only when it may have work: a paused one sleeps until resume() or close()
+        # (which sets both events), a waiting one until a bubble opens, a chunk ends inside one, a
+        # request arrives or nears its bound (gate.py, "Waking"). Periodic polls would each take
+        # the GIL and a core from training's compute phase, a few milliseconds now and then.
         while not self._stop.is_set():
-            if not self._running.wait(0.05) or self._stop.is_set():  # close() sets both
-                continue
+            self._running.wait()
+            if self._stop.is_set():
+                break
             chunk = self.admission.start(
                 lane, lambda allowance_s: self.scheduler.pick(allowance_s, clock(), lane))
             if chunk is None:
-                self.admission.wait(lane, self.scheduler.idle_wait_s(lane, clock(), cap_s=0.05))
+                self.admission.wait(lane, self.scheduler.idle_wait_s(lane, clock(), cap_s=LANE_WAIT_CAP_S))
                 continue
             t0 = self._busy_begin()
             device_s = None

@@ -30,6 +30,14 @@ and no offline chunk ever started).
 
 Training never waits on inference: the training thread only flips the monitor's state (a lock held
 for microseconds); lanes do all the waiting.
+
+Waking: a lane wakes only when it may start something: a bubble opens (comm_start notifies), a
+chunk ends inside an open bubble, the next request arrives inside it, or a queued request's wait
+reaches the bound. Nothing wakes lanes when a bubble closes, nor does any lane poll: on the CPU
+every wake-up takes the GIL and a core, and one that lands in training's compute phase can
+preempt one of training's threads while the other spins at its next barrier, stretching the step
+by milliseconds with no inference running at all (docs/filling.md, "Where the step-time tail
+came from").
 """
 from __future__ import annotations
 
@@ -125,7 +133,8 @@ class Gate:
             else:
                 self.in_flight -= 1
         with self.monitor.changed:
-            self.monitor.changed.notify_all()
+            if self.monitor.is_open():  # the freed slot is of use only inside a bubble
+                self.monitor.changed.notify_all()
 
     def _worth_trying(self) -> bool:
         m = self.monitor
@@ -133,10 +142,31 @@ class Gate:
                 and self.in_flight < self.max_in_flight)
 
     def wait(self, lane: str, timeout_s: float) -> None:
+        """`timeout_s`: for the online lane with nothing queued, the time until the next request
+        arrives (Scheduler.idle_wait_s); otherwise a cap."""
         with self.monitor.changed:
-            if lane == "online":  # any bubble edge may make room: retry on each
-                if self.waited_s(self.monitor.clock()) > 0:  # and a queued request nears its bound
-                    timeout_s = min(timeout_s, max(0.0005, self.online_max_wait_s / 4))
-                self.monitor.changed.wait(timeout_s)
+            if lane == "online":
+                self.monitor.changed.wait(self._online_sleep_s(timeout_s))
             else:
                 self.monitor.changed.wait_for(self._worth_trying, timeout_s)
+
+    def _online_sleep_s(self, timeout_s: float) -> float:
+        """How long the online lane may sleep before a request could start: a bubble's opening
+        wakes it anyway (comm_start notifies), so it looks earlier only for a request that
+        arrives inside the open bubble, or for one whose wait would pass `online_max_wait_s`
+        (served from the reserve). During a compute phase a request's predicted wait (its wait
+        so far plus the time until the predicted opening) does not grow, so it is either past
+        the bound when it arrives or only once the phase overruns, `online_max_wait_s` after
+        its arrival at the earliest."""
+        now = self.monitor.clock()
+        waited_s = self.waited_s(now)
+        if self.guard.calibrating:  # no reserve while the guard re-measures: only bubbles serve
+            return timeout_s
+        if waited_s == 0 and self.monitor.is_open() and timeout_s <= self.monitor.predicted_remaining_s(now):
+            return timeout_s  # the next request arrives inside this bubble
+        request_s = now - waited_s if waited_s > 0 else now + timeout_s  # the oldest or the next
+        opens_s = now + self.monitor.predicted_wait_s(now)
+        wake_s = request_s if opens_s - request_s > self.online_max_wait_s else request_s + self.online_max_wait_s
+        if wake_s <= now:  # past the bound, yet not started (the reserve ran dry): look again soon
+            return max(0.0005, self.online_max_wait_s / 4)
+        return wake_s - now

@@ -117,7 +117,8 @@ class BubbleMonitor:
             self.bubble_total_s += length_s
             self.bubble_count += 1
             self.open_since = None
-            self.changed.notify_all()
+            # No notify: nothing may start in a closed bubble, and a lane woken now would take
+            # the GIL and a core just as training's compute phase begins (gate.py, "Waking").
 
     # -- queries -------------------------------------------------------------------------------
     def is_open(self) -> bool:
