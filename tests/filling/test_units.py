@@ -343,6 +343,64 @@ def test_a_waiting_online_lane_looks_again_within_the_bound_only_while_a_request
     assert _time.monotonic() - t0 >= 0.29  # nothing queued: no early wake-ups
 
 
+def test_the_online_lane_sleeps_through_a_compute_phase_unless_a_request_would_pass_its_bound():
+    """A lane woken during training's compute takes the GIL and a core from it: the online lane
+    sleeps until the bubble opens (which wakes it), except for a request that arrives inside
+    the open bubble or whose wait would pass the bound (20 ms here; compute 50 ms, bubble 100 ms)."""
+    clock, monitor, guard, _gate = reserve_gate()
+    waited = {"s": 0.0}
+    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02,
+                online_max_wait_s=0.02, waited_s=lambda now: waited["s"])
+    clock.now += 1.0
+    monitor.comm_start(3)  # a bubble is open, 100 ms predicted
+    assert gate._online_sleep_s(0.03) == pytest.approx(0.03)  # the next request arrives inside it
+    clock.now += 0.09  # 10 ms of the bubble left; the next request arrives 15 ms from now
+    # it will find the next bubble 10 + 50 - 15 = 45 ms away, past the bound: look at its arrival
+    assert gate._online_sleep_s(0.015) == pytest.approx(0.015)
+    clock.now += 0.01
+    monitor.comm_end(3)
+    monitor.compute_start(4)
+    clock.now += 0.04  # 10 ms of compute left; a request arriving in 5 ms waits 5 ms: within the bound
+    assert gate._online_sleep_s(0.005) == pytest.approx(0.005 + 0.02)  # only an overrun could pass it
+    waited["s"] = 0.012  # one queued 12 ms ago: 22 ms in all at the predicted opening, past the bound
+    assert gate._online_sleep_s(0.5) == pytest.approx(0.02 / 4)  # it was not served: look again soon
+    waited["s"] = 0.004  # one queued 4 ms ago: 14 ms in all, so it waits for the bubble
+    assert gate._online_sleep_s(0.5) == pytest.approx(0.016)  # or until the bound, if compute overruns
+
+
+def test_closing_a_bubble_wakes_no_lane_and_opening_one_does():
+    """Nothing may start in a closed bubble, so its close notifies no one (a woken lane would land
+    in training's compute phase); its opening and a chunk's end inside it do."""
+    monitor = BubbleMonitor()
+    woken = []
+
+    def waiter():
+        with monitor.changed:
+            woken.append(monitor.changed.wait(30.0))
+
+    def waiting_threads(n: int) -> list[threading.Thread]:
+        threads = [threading.Thread(target=waiter) for _ in range(n)]
+        for t in threads:
+            t.start()
+        while len(monitor.changed._waiters) < n:  # both are waiting on the condition
+            time.sleep(0.001)
+        return threads
+
+    threads = waiting_threads(1)
+    monitor.comm_start(0)  # opens: notifies
+    threads[0].join(10)
+    assert woken == [True]
+    threads = waiting_threads(1)
+    monitor.comm_end(0)  # closes: no notify
+    gate = Gate(monitor, calibrated_guard(), max_in_flight=1, margin=0.0)
+    gate.in_flight = 1
+    gate.finish("offline", 0.0, 0.001)  # a chunk ending after the close: no notify either
+    assert len(monitor.changed._waiters) == 1 and woken == [True]
+    monitor.comm_start(1)
+    threads[0].join(10)
+    assert woken == [True, True]
+
+
 def test_the_scheduler_says_how_long_its_oldest_request_has_waited():
     queue = OnlineQueue(capacity=4, slo_s=1.0)
     scheduler = Scheduler(queue, None, CostModel(8), dataset_size=16)
