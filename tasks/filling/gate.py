@@ -79,6 +79,7 @@ class Gate:
         self._reserve_at = monitor.clock()
         self._lock = threading.Lock()
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
+        self._online_generation = -1  # the bubble (or the compute phase after it) the online lane last looked in
 
     def _bubble_allowance_s(self, budget: float) -> float:
         remaining_s = self.monitor.predicted_remaining_s()
@@ -113,6 +114,7 @@ class Gate:
         # every admitted offline chunk was picked (chunk.picked_s) while its bubble was open.
         with self._lock, self.monitor.changed:
             if lane == "online":
+                self._online_generation = self.monitor.generation
                 allowance_s = self.online_allowance_s()
                 return pick(allowance_s) if allowance_s > 0 else None
             generation = self.monitor.generation
@@ -146,6 +148,10 @@ class Gate:
         arrives (Scheduler.idle_wait_s); otherwise a cap."""
         with self.monitor.changed:
             if lane == "online":
+                # A bubble that opened since the lane last looked would have notified before this
+                # wait began: look again now rather than sleep through it.
+                if self.monitor.is_open() and self.monitor.generation != self._online_generation:
+                    return
                 self.monitor.changed.wait(self._online_sleep_s(timeout_s))
             else:
                 self.monitor.changed.wait_for(self._worth_trying, timeout_s)

@@ -368,6 +368,24 @@ def test_the_online_lane_sleeps_through_a_compute_phase_unless_a_request_would_p
     assert gate._online_sleep_s(0.5) == pytest.approx(0.016)  # or until the bound, if compute overruns
 
 
+def test_an_online_lane_that_looked_before_a_bubble_opened_does_not_sleep_through_it():
+    """The lane looks (closed: nothing starts), the bubble opens and notifies before the lane is
+    waiting: its wait returns at once instead of sleeping until the next edge or its bound."""
+    import time as _time
+
+    clock, monitor, guard, _gate = reserve_gate()
+    gate = Gate(monitor, guard, max_in_flight=1, margin=0.0, online_reserve=0.02,
+                online_max_wait_s=25.0, waited_s=lambda now: 0.001)  # a bound it would sleep to
+    monitor.compute_start(3)
+    assert gate.start("online", fits(0.001)) is None  # compute: the request waits
+    monitor.compute_end(3)
+    monitor.comm_start(3)  # opens and notifies, with no lane waiting yet
+    t0 = _time.monotonic()
+    gate.wait("online", 30.0)
+    assert _time.monotonic() - t0 < 20.0  # it looks again now
+    assert gate.start("online", fits(0.001)) == 0.001
+
+
 def test_closing_a_bubble_wakes_no_lane_and_opening_one_does():
     """Nothing may start in a closed bubble, so its close notifies no one (a woken lane would land
     in training's compute phase); its opening and a chunk's end inside it do."""
