@@ -24,10 +24,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
+from tasks.bench.cpu_pinning import native_worker_ids, one_core_each
 from tasks.bench.trainloop import TrainingJob
 from tasks.core.errors import UserInputError, error_line
 from tasks.core.profile import load_profile
@@ -362,30 +364,33 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
     blocks: dict[str, list[dict]] = {mode: [] for mode in (*ALONE, "infer_alone", *MODES)}
     ratios: list[dict] = []
     step = 0
+    # On the CPU, training's threads one per core (cpu_pinning.py); the lanes already run free.
+    pinning = one_core_each(native_worker_ids()) if device == "cpu" else nullcontext(False)
     try:
-        for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
-            _block(job, fillers[mode], s["warmup_steps"], step)
-            step += s["warmup_steps"]
-        # the second alone block sits next to the gated one, so that across the rotated orders
-        # its distance in time from the reference block is about the gated block's
-        order = ["alone", "infer_alone", "naive", "naive_split", "rate_limited", "alone_again", "gated"]
-        r = 0
-        while _another_round(r, time.perf_counter() - started_s,
-                             min(_served(blocks["gated"]), _served(blocks["naive"])), s):
-            k = r % len(order)
-            this_round = {}
-            for mode in order[k:] + order[:k]:
-                if mode == "infer_alone":
-                    blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
-                    continue
-                this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
-                                          listener=BubbleMonitor() if mode in ALONE else None)
-                blocks[mode].append(this_round[mode])
-                step += s["block_steps"]
-            ratios.append({**{m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES},
-                           "noise_floor": _round_ratios(this_round["alone"], this_round["alone_again"]),
-                           "gated_spill_sources": spill_sources(this_round["gated"])})
-            r += 1
+        with pinning as pinned:
+            for mode in MODES:  # warm-up blocks: discarded; the guards calibrate here
+                _block(job, fillers[mode], s["warmup_steps"], step)
+                step += s["warmup_steps"]
+            # the second alone block sits next to the gated one, so that across the rotated orders
+            # its distance in time from the reference block is about the gated block's
+            order = ["alone", "infer_alone", "naive", "naive_split", "rate_limited", "alone_again", "gated"]
+            r = 0
+            while _another_round(r, time.perf_counter() - started_s,
+                                 min(_served(blocks["gated"]), _served(blocks["naive"])), s):
+                k = r % len(order)
+                this_round = {}
+                for mode in order[k:] + order[:k]:
+                    if mode == "infer_alone":
+                        blocks[mode].append(_solo_block(fillers[mode], s["block_steps"] * step_s))
+                        continue
+                    this_round[mode] = _block(job, fillers.get(mode), s["block_steps"], step,
+                                              listener=BubbleMonitor() if mode in ALONE else None)
+                    blocks[mode].append(this_round[mode])
+                    step += s["block_steps"]
+                ratios.append({**{m: _round_ratios(this_round["alone"], this_round[m]) for m in MODES},
+                               "noise_floor": _round_ratios(this_round["alone"], this_round["alone_again"]),
+                               "gated_spill_sources": spill_sources(this_round["gated"])})
+                r += 1
     finally:
         for filler in fillers.values():
             filler.close()
@@ -440,6 +445,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         "modes": modes,
         "rounds": ratios,
         "settings": {**s, "device": device, "device_name": _device_name(device),
+                     "training_threads_pinned": pinned,
                      "rounds_run": len(ratios), "compute_s": compute_s,
                      "comm_s": job.transfer_s(), "bubble_share": job.transfer_s() / step_s,
                      **shape, "bandwidth_mbps": job.bandwidth_mbps, "training": job.name,
