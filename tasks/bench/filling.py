@@ -22,7 +22,6 @@ own parameters S, as the performance model has it (Eq. 6, 7 with one worker):
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -236,10 +235,11 @@ def rounds_distribution(rounds: list[dict]) -> dict:
             "step_slowdown_p99_median": float(np.median(p99)), "step_slowdown_p99_worst": max(p99)}
 
 
-def noise_floor(rounds: list[dict]) -> dict:
-    """Training alone against itself, per round ({training_retained, step_slowdown_p50,
-    step_slowdown_p99} of a second alone block against the first): what the machine's own noise
-    gives the same statistics, so that the gated mode's tail can be read beside it."""
+def round_summary(rounds: list[dict]) -> dict:
+    """One mode's per-round ratios ({training_retained, step_slowdown_p50, step_slowdown_p99}
+    per round) as their medians and distribution. For the noise floor (a second alone block
+    against the first) it is what the machine's own noise gives the same statistics, so that the
+    gated mode's tail can be read beside it."""
     out = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
     out.update(rounds_distribution(rounds))
     return out
@@ -401,9 +401,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
             **_percentiles([lat for b in solo_blocks for lat in b["latencies_s"]])}
     modes = {}
     for mode in MODES:
-        modes[mode] = {k: float(statistics.median(rd[mode][k] for rd in ratios))
-                       for k in ratios[0][mode]}
-        modes[mode].update(rounds_distribution([rd[mode] for rd in ratios]))
+        modes[mode] = round_summary([rd[mode] for rd in ratios])
         modes[mode].update(_pooled(blocks[mode]))
         modes[mode]["offline_share_of_solo"] = (modes[mode]["offline_samples_per_s"]
                                                 / solo["offline_samples_per_s"])
@@ -412,7 +410,7 @@ def _run_one(quick: bool, online_rate: float, artifact: Path, device: str, shape
         modes[mode]["filler_error"] = error_line(fillers[mode].error)
     solo["filler_error"] = error_line(fillers["infer_alone"].error)
     gated, naive = modes["gated"], modes["naive"]
-    floor = noise_floor([rd["noise_floor"] for rd in ratios])
+    floor = round_summary([rd["noise_floor"] for rd in ratios])
     result = {
         "online_rate_per_s": online_rate,
         "training_retained": gated["training_retained"],

@@ -207,7 +207,7 @@ def test_bench_pools_blocks_and_compares_rounds_against_training_alone():
 def test_a_run_whose_median_round_is_fine_but_whose_worst_round_has_a_tail_misses_its_targets():
     """The worst round is judged beyond the noise floor (training alone against itself): a tail
     the floor does not have misses, one the machine gives training alone as well does not."""
-    from tasks.bench.filling import TARGETS, judge, noise_floor, rounds_distribution
+    from tasks.bench.filling import TARGETS, judge, round_summary, rounds_distribution
 
     rounds = [{"training_retained": 1.0 - i / 1000, "step_slowdown_p99": 0.01} for i in range(9)]
     rounds.append({"training_retained": 0.80, "step_slowdown_p99": 0.60})  # one bad round
@@ -217,7 +217,7 @@ def test_a_run_whose_median_round_is_fine_but_whose_worst_round_has_a_tail_misse
     assert dist["training_retained_p90"] == pytest.approx(0.9991)
     assert dist["step_slowdown_p99_median"] == pytest.approx(0.01)
     assert dist["step_slowdown_p99_worst"] == pytest.approx(0.60)
-    quiet_floor = noise_floor([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
+    quiet_floor = round_summary([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
                                 "step_slowdown_p99": 0.02 * (i % 3)} for i in range(10)])
     assert quiet_floor["step_slowdown_p99_worst"] == pytest.approx(0.04)
     assert quiet_floor["step_slowdown_p99"] == pytest.approx(0.02)  # the median round
@@ -227,7 +227,7 @@ def test_a_run_whose_median_round_is_fine_but_whose_worst_round_has_a_tail_misse
     checks = judge(values, TARGETS)
     assert [k for k, c in checks.items() if not c["met"]] == ["step_slowdown_p99_worst_over_floor"]
     assert checks["step_slowdown_p99_worst_over_floor"]["target"] == "<= 0.1"
-    noisy_floor = noise_floor([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
+    noisy_floor = round_summary([{"training_retained": 1.0, "step_slowdown_p50": 0.0,
                                 "step_slowdown_p99": 0.55 if i == 4 else 0.0} for i in range(10)])
     values["step_slowdown_p99_worst_over_floor"] = 0.60 - noisy_floor["step_slowdown_p99_worst"]
     assert all(c["met"] for c in judge(values, TARGETS).values())
