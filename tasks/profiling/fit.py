@@ -9,7 +9,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
 The model's form (the paper's, or any set of its terms: a free n-exponent kappa, contention by
-PS load, the overlap of same-period transfers, the batch term's n-exponent) is chosen by
+PS load, the overlap of same-period transfers, the batch term's n-exponent, the PS link's cap
+on the update rate) is chosen by
 leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
@@ -365,7 +366,7 @@ class ProfiledCluster:
 # The model's optional terms (docs/model.md, Extensions and Further terms); a form is a set of
 # them, and the fit chooses among every set: the paper's form (none), each term alone, each
 # pair, and so on, fewest terms first.
-TERMS = ("kappa", "load", "overlap", "batch")
+TERMS = ("kappa", "load", "overlap", "batch", "cap")
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ class FormCandidate(BaseModel):
     band, `_held_out_errors`)."""
 
     name: str
-    contention: dict  # alpha1, beta1, by (and overlap, overlap_width)
+    contention: dict  # alpha1, beta1, by (and overlap, overlap_width; link_cap)
     loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2) (and batch_n_exponent)
     cv_time_log_rms: float | None  # RMS over held-out clusters of their RMS log(predicted / observed)
     cv_cluster_errors: dict[str, float]  # held-out cluster -> its RMS log(predicted / observed) time
@@ -407,9 +408,8 @@ class FormChoice(BaseModel):
     chosen: str
     method: str = "leave-one-cluster-out"
     candidates: list[FormCandidate]
-    # held-out clusters whose folds reuse the contention fit on all clusters (only the loss curve
-    # was held out): without them the contention fit had too few PS loads, or their PS load lies
-    # beyond the others' (beyond_ps_loads)
+    # held-out clusters without which the contention fit had too few PS loads: their folds reuse
+    # the contention fit on all clusters (only the loss curve was held out)
     contention_not_held_out: list[str] = []
 
     def candidate(self, name: str) -> FormCandidate:
@@ -426,17 +426,13 @@ def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) 
 
 
 def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
-               contention_if_unfit: dict[tuple, FitQuality] | None = None, keep: frozenset[str] = frozenset()):
+               contention_if_unfit: dict[tuple, FitQuality] | None = None):
     """Every contention fit the forms use (by workers or load, with the overlap or not) and every
     loss fit (kappa and the batch n-exponent free or not): the two are independent, the loss fit
     reads measured shapes, the contention fit no losses. Where the clusters leave the contention
-    fit too few PS loads, and for the PS loads named in `keep` ("workers", "load"),
-    `contention_if_unfit` stands in."""
+    fit too few PS loads, `contention_if_unfit` stands in."""
     contention = {}
     for by, overlap in {f.contention_key for f in FORMS.values()}:
-        if by in keep:
-            contention[by, overlap] = contention_if_unfit[by, overlap]
-            continue
         try:
             contention[by, overlap] = fit_contention(
                 np.concatenate([np.full(len(c.comm_s), c.loads[by]) for c in clusters]),
@@ -460,6 +456,8 @@ def _form_params(contention: dict[tuple, FitQuality], loss: dict[tuple, FitQuali
     contention_params = {**contention[by, overlap].params, "by": by}
     if overlap:
         contention_params["overlap_width"] = DEFAULT_OVERLAP_WIDTH
+    if "cap" in FORMS[form].terms:
+        contention_params["link_cap"] = True
     return contention_params, {"kappa": None, **loss[FORMS[form].loss_key].params}
 
 
@@ -478,18 +476,6 @@ def _held_out_errors(model: Model, c: ProfiledCluster) -> np.ndarray:
     ratio = (predicted_j / np.sum(1.0 / (c.compute_s + comm_s))) / (
         np.maximum(c.series.updates, 1.0) / np.sum(1.0 / (c.compute_s + c.comm_s)))
     return np.log(np.clip(ratio, 1e-3, 1e3))
-
-
-def beyond_ps_loads(held_out: ProfiledCluster, others: Sequence[ProfiledCluster]) -> frozenset[str]:
-    """The PS loads ("workers", "load") at which `held_out` lies outside the range of the
-    `others`': a contention fit on them would extrapolate Eq. 9 to it. The presets have one
-    saturated cluster (7 workers); the others' push + pull reaches about half of its, every form
-    missed it by about the same 20-60% (a speed error, whatever the form), and that one fold
-    decided which form won. Such a fold keeps the contention fit on all clusters and holds out
-    the loss curve only, so it scores what a form is used for: predictions inside the PS loads
-    it was fitted on (docs/profiling.md)."""
-    return frozenset(by for by in ("workers", "load")
-                     if not min(c.loads[by] for c in others) <= held_out.loads[by] <= max(c.loads[by] for c in others))
 
 
 def simplest_within_one_se(candidates: Sequence[FormCandidate]) -> str:
@@ -514,8 +500,7 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
                 comm_args: dict, max_nfev: int | None = None) -> tuple[FormChoice, dict[str, FitQuality]]:
     """Fit every form of FORMS on all clusters and, leaving each cluster out in turn, on the
     others; the simplest form within one standard error of the smallest held-out error wins
-    (`simplest_within_one_se`), and the chosen form's fits are returned. A cluster beyond the
-    others' PS loads is held out from the loss curve only (`beyond_ps_loads`). A held-out fit that
+    (`simplest_within_one_se`), and the chosen form's fits are returned. A held-out fit that
     cannot run (too few clusters left) leaves that form without an error; with none left, the
     paper's form is kept."""
     contention, loss = _fit_parts(clusters, comm_args, max_nfev)
@@ -523,9 +508,8 @@ def choose_form(clusters: Sequence[ProfiledCluster], profile_with: Callable[[dic
     failed: dict[str, str] = {}
     kept_contention = []
     for k, held_out in enumerate(clusters):
-        others = [c for i, c in enumerate(clusters) if i != k]
         try:
-            parts = _fit_parts(others, comm_args, max_nfev, contention, beyond_ps_loads(held_out, others))
+            parts = _fit_parts([c for i, c in enumerate(clusters) if i != k], comm_args, max_nfev, contention)
         except ProfilingError as err:
             failed = {form: f"without {cluster_label(held_out.cluster)}: {err}" for form in FORMS}
             break
