@@ -330,6 +330,13 @@ def test_the_simplest_form_within_one_standard_error_of_the_best_is_chosen():
     three = _candidate("load+overlap+batch", [0.001, 0.002, 0.001, 0.002, 0.001])
     assert simplest_within_one_se([paper, close, clear, both, three]) == "load+overlap+batch"  # beyond its spread
     assert simplest_within_one_se([_candidate("paper", []), _candidate("kappa", [])]) == "paper"
+    # one fold every form misses alike inflates the spread, and the simplest form wins whatever
+    # the other folds say; a fold that only the simpler form misses is held against it (the
+    # spread is the best form's)
+    shared = _candidate("paper", [0.05, 0.08, 0.6, 0.05, 0.06])
+    assert simplest_within_one_se([shared, _candidate("kappa", [0.01, 0.02, 0.55, 0.01, 0.02])]) == "paper"
+    outlier = _candidate("paper", [0.05, 0.05, 0.6, 0.05, 0.05])
+    assert simplest_within_one_se([outlier, _candidate("cap", [0.05, 0.06, 0.05, 0.04, 0.05])]) == "cap"
 
 
 def test_store_is_atomic_keyed_and_keeps_raw_csv(tmp_path):
