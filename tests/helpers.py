@@ -145,11 +145,12 @@ CONTENTION_BY = st.sampled_from([None, "workers", "load"])
 
 
 @st.composite
-def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY, further=st.just({})):
+def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY, further=st.just({}),
+             ps_bandwidth=st.floats(300, 2000)):
     """Random small profiles (a hypothesis strategy) for the planner's property tests: types
     t0.x, t1.x, ... with quotas up to max_quota, at least one of them above 0. `further` draws
-    the further terms: {"overlap": ..., "overlap_width": ..., "batch_n_exponent": ...} (none by
-    default: the paper's form)."""
+    the further terms: {"overlap": ..., "overlap_width": ..., "link_cap": ..., "batch_n_exponent": ...}
+    (none by default: the paper's form); `ps_bandwidth` draws Bps (a narrow one fills the PS link)."""
     m = draw(st.integers(1, max_types))
     instances = []
     for i in range(m):
@@ -165,9 +166,9 @@ def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY, fur
     terms = draw(further)
     return profile_from_dict({
         "workload": "w", "param_mb": draw(st.floats(2, 40)), "required_bandwidth_mbps": draw(st.floats(50, 300)),
-        "ps_bandwidth_mbps": draw(st.floats(300, 2000)), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
+        "ps_bandwidth_mbps": draw(ps_bandwidth), "pcie_bandwidth_mbps": 10000, "num_ps": 1,
         "contention": {"alpha1": draw(st.floats(-0.3, 1.2)), "beta1": draw(st.floats(-3.0, 0.5)), "by": draw(by),
-                       **{k: v for k, v in terms.items() if k.startswith("overlap")}},
+                       **{k: v for k, v in terms.items() if k.startswith("overlap") or k == "link_cap"}},
         "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
                  "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5,
                  "kappa": draw(kappa), **{k: v for k, v in terms.items() if k == "batch_n_exponent"}},

@@ -4,9 +4,10 @@
 profile's M types) and returns their predicted iteration time, WA batch size, convergence
 coefficient, iterations and training time and cost, so that solvers can score thousands of
 clusters per numpy call. The paper's form is the default; a profile may select the extensions
-of docs/model.md (`loss.kappa`, `contention.by = "load"`) and its further terms (`contention.overlap`,
-`loss.batch_n_exponent`). Every prediction of time and iterations (predict, plan, the risk model,
-the replay, validation and the fit's held-out errors) is computed here.
+of docs/model.md (`loss.kappa`, `contention.by = "load"`) and its further terms
+(`contention.overlap`, `contention.link_cap`, `loss.batch_n_exponent`). Every prediction of time
+and iterations (predict, plan, the risk model, the replay, validation and the fit's held-out
+errors) is computed here.
 """
 from __future__ import annotations
 
@@ -157,7 +158,17 @@ class Model:
         """T_i of each type in each of K clusters (K x M counts): K x M."""
         counts = np.atleast_2d(np.asarray(counts, dtype=float))
         load = self.ps_load(counts)
-        return self.iteration_times_s(load, self.overlap_factors(counts, load))
+        t_i = self.iteration_times_s(load, self.overlap_factors(counts, load))
+        return t_i if not self.profile.contention.link_cap else t_i * self.link_cap_stretch(counts, t_i)[:, None]
+
+    def link_cap_stretch(self, counts: np.ndarray, t_i: np.ndarray) -> np.ndarray:
+        """max(1, X / X_cap) for K clusters: every update moves 2 S through the PS link of k * Bps,
+        so the update rate X = sum n_i / T_i cannot exceed X_cap = k * Bps / (2 S), Eq. 8's own
+        limit (at P = 1 each worker gets Bps / n). Where Eq. 8-9 give more, every worker's time is
+        stretched by the same factor: the workers' shares, and so bw and R, stay as they were."""
+        p = self.profile
+        cap_per_s = p.ps_bandwidth_mbps * p.num_ps * (1.0 - self.bandwidth_margin) / (2.0 * p.param_mb)
+        return np.maximum(1.0, (counts / t_i).sum(axis=1) / cap_per_s)
 
     def evaluate(self, counts: np.ndarray, loss_target: float, current_loss: float | None = None) -> dict[str, np.ndarray]:
         """Score K clusters given as a K x M matrix of counts (or one M-vector).

@@ -42,6 +42,9 @@ class Contention(BaseModel):
     overlap: float | None = Field(default=None, ge=0, le=OVERLAP_MAX)
     # The period mismatch (a share, 1 - T_short / T_long) at which two workers stop overlapping.
     overlap_width: float | None = Field(default=None, gt=0, le=1)
+    # Whether the cluster's update rate is capped by the PS link, k * Bps / (2 S) (docs/model.md,
+    # Further terms); null or false means no cap (the paper).
+    link_cap: bool | None = None
 
 
 class LossCurve(BaseModel):

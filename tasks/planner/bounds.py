@@ -23,6 +23,9 @@ The further terms (docs/model.md) keep them valid too:
 - contention.overlap (omega >= 0): a type's PS time is stretched by 1 + omega * share >= 1,
   so its rate never exceeds the rate without the term; the rates without it (exact by n, or the
   load ceilings above) are ceilings, and the search treats the rates as mix-dependent;
+- contention.link_cap: where the PS link caps the update rate, every type's time is stretched
+  by one factor >= 1, so the rates without the cap are ceilings (as for the overlap), and the
+  shares of the rates, hence the WA batch and R, are those without it;
 - loss.batch_n_exponent (eta): for one size n the batch term gamma2 * n ** eta * bw is still
   affine in the WA batch, with the slope's sign that of gamma2 (n ** eta > 0), so the bounds
   above hold with gamma2 replaced by the size's slope.
@@ -116,9 +119,9 @@ def size_bounds(problem, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 def rates_fixed_by_size(problem) -> bool:
     """Do the types' rates depend on the cluster size alone (contention by workers without the
-    overlap term, the paper)?"""
+    overlap term or the link cap, the paper)?"""
     contention = problem.model.profile.contention
-    return contention.by != "load" and not contention.overlap
+    return contention.by != "load" and not contention.overlap and not contention.link_cap
 
 
 def rate_ceilings(problem, sizes: np.ndarray) -> np.ndarray:

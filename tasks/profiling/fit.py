@@ -9,7 +9,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
 The model's form (the paper's, or any set of its terms: a free n-exponent kappa, contention by
-PS load, the overlap of same-period transfers, the batch term's n-exponent) is chosen by
+PS load, the overlap of same-period transfers, the batch term's n-exponent, the PS link's cap
+on the update rate) is chosen by
 leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
@@ -365,7 +366,7 @@ class ProfiledCluster:
 # The model's optional terms (docs/model.md, Extensions and Further terms); a form is a set of
 # them, and the fit chooses among every set: the paper's form (none), each term alone, each
 # pair, and so on, fewest terms first.
-TERMS = ("kappa", "load", "overlap", "batch")
+TERMS = ("kappa", "load", "overlap", "batch", "cap")
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ class FormCandidate(BaseModel):
     band, `_held_out_errors`)."""
 
     name: str
-    contention: dict  # alpha1, beta1, by (and overlap, overlap_width)
+    contention: dict  # alpha1, beta1, by (and overlap, overlap_width; link_cap)
     loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2) (and batch_n_exponent)
     cv_time_log_rms: float | None  # RMS over held-out clusters of their RMS log(predicted / observed)
     cv_cluster_errors: dict[str, float]  # held-out cluster -> its RMS log(predicted / observed) time
@@ -455,6 +456,8 @@ def _form_params(contention: dict[tuple, FitQuality], loss: dict[tuple, FitQuali
     contention_params = {**contention[by, overlap].params, "by": by}
     if overlap:
         contention_params["overlap_width"] = DEFAULT_OVERLAP_WIDTH
+    if "cap" in FORMS[form].terms:
+        contention_params["link_cap"] = True
     return contention_params, {"kappa": None, **loss[FORMS[form].loss_key].params}
 
 

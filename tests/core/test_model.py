@@ -144,17 +144,18 @@ SHIPPED_PREDICTIONS = [  # (profile, cluster, loss target, iterations, time_s, c
 @pytest.mark.parametrize("name, cluster, loss, iterations, time_s, cost_usd", SHIPPED_PREDICTIONS)
 def test_the_shipped_profiles_predict_bit_for_bit_as_before_the_further_terms(name, cluster, loss, iterations, time_s,
                                                                               cost_usd):
-    """Captured before contention.overlap and loss.batch_n_exponent existed: the shipped
-    profiles carry neither, and absent, null and the neutral values all give exactly those
+    """Captured before contention.overlap, contention.link_cap and loss.batch_n_exponent existed:
+    the shipped profiles carry none, and absent, null and the neutral values all give exactly those
     numbers, for these clusters and (neutral against absent) every cluster within the quotas."""
     path = SHIPPED_PROFILE.parent / name
     profile = load_profile(path)
     assert profile.contention.overlap is None and profile.loss.batch_n_exponent is None
+    assert profile.contention.link_cap is None
     m = Model.from_profile(profile)
     r = one(m, cluster, loss)
     assert (r["iterations"], r["time_s"], r["cost_usd"]) == (iterations, time_s, cost_usd)
     data = profile.model_dump()
-    data["contention"].update(overlap=0.0, overlap_width=0.2)
+    data["contention"].update(overlap=0.0, overlap_width=0.2, link_cap=False)
     data["loss"]["batch_n_exponent"] = 0.0
     neutral = Model.from_profile(profile_from_dict(data))
     every = np.array(list(itertools.product(*(range(i.quota + 1) for i in profile.instances))))
@@ -200,6 +201,31 @@ def test_the_overlap_term_slows_contended_workers_with_peers_of_their_period():
     wide = with_terms({"overlap": 0.5}, ps_bandwidth_mbps=1e6)  # a PS that carries every transfer at once
     roomy = with_terms(ps_bandwidth_mbps=1e6)
     assert np.array_equal(wide.cluster_iteration_times_s(same), roomy.cluster_iteration_times_s(same))
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+def test_the_link_cap_stretches_every_worker_alike_where_the_ps_link_is_full(margin):
+    """Every update moves 2 S through the PS link: where Eq. 8-9 give a larger update rate than
+    k * Bps / (2 S) (discounted by the bandwidth margin), every worker's time is stretched by one
+    factor so that the rate is the link's; the WA batch and R stay as they were, and a cluster
+    below the cap is untouched."""
+    no_share = {"alpha1": 0.0, "beta1": 0.0}  # P = 0: every worker at Breq, past what the link carries
+    plain = Model.from_profile(with_terms(no_share).profile, bandwidth_margin=margin)
+    capped = Model.from_profile(with_terms({**no_share, "link_cap": True}).profile, bandwidth_margin=margin)
+    p = plain.profile
+    cap_per_s = p.ps_bandwidth_mbps * p.num_ps * (1 - margin) / (2 * p.param_mb)
+    counts = np.array([plain.counts_vector(c) for c in ({"p3.2xlarge": 8, "g3.8xlarge": 2},
+                                                        {"p3.2xlarge": 1, "g3.8xlarge": 1}, {})])
+    a, b = plain.evaluate(counts, 1.9), capped.evaluate(counts, 1.9)
+    assert 1 / a["iteration_time_s"][0] > cap_per_s  # beyond the link: capped to it
+    assert 1 / b["iteration_time_s"][0] == pytest.approx(cap_per_s)
+    t_plain, t_capped = plain.cluster_iteration_times_s(counts), capped.cluster_iteration_times_s(counts)
+    assert t_capped[0] / t_plain[0] == pytest.approx(np.full(2, t_capped[0][0] / t_plain[0][0]))
+    assert b["wa_batch"][0] == pytest.approx(a["wa_batch"][0]) and b["cc"][0] == pytest.approx(a["cc"][0])
+    assert b["iterations"][0] == pytest.approx(a["iterations"][0])
+    assert 1 / a["iteration_time_s"][1] < cap_per_s  # below it: as without the term
+    assert np.array_equal(t_plain[1], t_capped[1]) and b["time_s"][1] == a["time_s"][1]
+    assert b["time_s"][2] == np.inf  # an empty cluster stays empty
 
 
 @pytest.mark.parametrize("eta", [-1.5, -0.5, 0.5, 1.0])

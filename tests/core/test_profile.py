@@ -38,6 +38,7 @@ def test_shipped_profile_loads():
         (lambda d: d["contention"].update(overlap=-0.1), "contention.overlap: Input should be greater than or equal to 0"),
         (lambda d: d["contention"].update(overlap=1.5), "contention.overlap: Input should be less than or equal to 1"),
         (lambda d: d["contention"].update(overlap_width=0), "contention.overlap_width: Input should be greater than 0"),
+        (lambda d: d["contention"].update(link_cap="yes"), "contention.link_cap: Input should be a valid boolean"),
         (lambda d: d["loss"].update(batch_n_exponent=-2), "loss.batch_n_exponent: Input should be greater than or equal to -1.5"),
         (lambda d: d["loss"].update(batch_n_exponent=1.2), "loss.batch_n_exponent: Input should be less than or equal to 1"),
         (lambda d: d.update(uncertainty={"time_log_sd": -0.1}), "uncertainty.time_log_sd"),

@@ -69,14 +69,18 @@ def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
     {"batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0]},
     {"batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[1]},
     {"overlap": OVERLAP_MAX, "overlap_width": 1.0, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0]},
+    {"link_cap": True},
+    {"link_cap": True, "overlap": OVERLAP_MAX, "overlap_width": 1.0, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[1]},
 ])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_exact_equals_brute_force_with_the_further_terms_at_their_extremes(terms, by, data):
-    """The overlap only slows (rates without it are ceilings) and the batch n-exponent keeps j
-    affine in the WA batch at each size (bounds.py), so branch and bound still finds brute
+    """The overlap and the link cap only slow (rates without them are ceilings) and the batch
+    n-exponent keeps j affine in the WA batch at each size (bounds.py), so branch and bound still finds brute
     force's optimum and the fastest plan, from scratch and re-planning with survivors."""
-    profile = data.draw(profiles(by=st.just(by), further=st.just(terms)))
+    narrow = st.floats(5, 100)  # the link cap binds only where the PS link is full
+    profile = data.draw(profiles(by=st.just(by), further=st.just(terms),
+                                 **({"ps_bandwidth": narrow} if terms.get("link_cap") else {})))
     loss = data.draw(st.floats(0.6, 1.5))
     existing = {i.type: data.draw(st.integers(0, i.quota)) for i in profile.instances}
     current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))

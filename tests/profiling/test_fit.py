@@ -235,6 +235,9 @@ def test_fit_chooses_the_form_that_predicts_held_out_clusters(by, chosen):
 
 
 @pytest.mark.parametrize("terms, chosen", [
+    ({"kappa": 0.7}, "kappa"),
+    ({"link_cap": True}, "cap"),
+    ({"kappa": 0.7, "link_cap": True}, "kappa+cap"),
     ({"overlap": 0.3}, "overlap"),
     ({"batch_n_exponent": -0.5}, "batch"),
     ({"overlap": 0.3, "batch_n_exponent": -0.5}, "overlap+batch"),
@@ -255,8 +258,27 @@ def test_the_further_terms_are_recovered_and_chosen_from_the_quick_design(terms,
         assert p.loss.batch_n_exponent == pytest.approx(terms["batch_n_exponent"], abs=0.05)
     else:
         assert p.loss.batch_n_exponent is None
+    if "kappa" in terms:
+        assert p.loss.kappa == pytest.approx(terms["kappa"], abs=0.02)
+    else:
+        assert p.loss.kappa is None
+    assert p.contention.link_cap is (True if "link_cap" in terms else None)
     paper = fitted.form.candidate("paper")
     assert "overlap" not in paper.contention and "batch_n_exponent" not in paper.loss
+
+
+def test_the_link_cap_turns_the_saturated_clusters_fold_from_an_outlier_into_a_prediction():
+    """The quick design has one cluster that fills the PS link (7 workers). Without it, Eq. 9's
+    curve through the others puts it beyond the link, so every form without the cap misses it
+    most (its fold an outlier, as measured: by 20-60% in log time in every such form, which
+    let that fold decide the choice); the cap, which has no parameter to fit, predicts it,
+    and is chosen."""
+    fitted = fit_profile("synthetic", *synthetic_measurements(design=QUICK_DESIGN, kappa=0.7, link_cap=True))
+    errors = fitted.form.candidate("kappa").cv_cluster_errors
+    saturated = errors.pop("fast=6,slow=1")
+    assert saturated > 3 * max(errors.values())
+    assert fitted.form.chosen == "kappa+cap"
+    assert max(fitted.form.candidate("kappa+cap").cv_cluster_errors.values()) < 0.01
 
 
 def test_the_overlap_fit_tells_same_speed_workers_from_mixed_ones():
@@ -308,6 +330,13 @@ def test_the_simplest_form_within_one_standard_error_of_the_best_is_chosen():
     three = _candidate("load+overlap+batch", [0.001, 0.002, 0.001, 0.002, 0.001])
     assert simplest_within_one_se([paper, close, clear, both, three]) == "load+overlap+batch"  # beyond its spread
     assert simplest_within_one_se([_candidate("paper", []), _candidate("kappa", [])]) == "paper"
+    # one fold every form misses alike inflates the spread, and the simplest form wins whatever
+    # the other folds say; a fold that only the simpler form misses is held against it (the
+    # spread is the best form's)
+    shared = _candidate("paper", [0.05, 0.08, 0.6, 0.05, 0.06])
+    assert simplest_within_one_se([shared, _candidate("kappa", [0.01, 0.02, 0.55, 0.01, 0.02])]) == "paper"
+    outlier = _candidate("paper", [0.05, 0.05, 0.6, 0.05, 0.05])
+    assert simplest_within_one_se([outlier, _candidate("cap", [0.05, 0.06, 0.05, 0.04, 0.05])]) == "cap"
 
 
 def test_store_is_atomic_keyed_and_keeps_raw_csv(tmp_path):
