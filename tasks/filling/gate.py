@@ -4,8 +4,9 @@ requests may also use a small guarded reserve outside bubbles.
 
     allowance_s = (budget * predicted_remaining_s - margin_s) / (1 + margin)
 
-Offline (and shared "any") lanes: a chunk is admitted if its predicted cost <= allowance_s and
-fewer than K such chunks are in flight. When training resumes (comm_end) the bubble closes and
+(online: budget 1 and no relative margin, see online_allowance_s). Offline (and shared "any")
+lanes: a chunk is admitted if its predicted cost <= allowance_s and fewer than K such chunks are
+in flight. When training resumes (comm_end) the bubble closes and
 nothing new starts; chunks already running finish on their own (at most K). No offline chunk
 starts before the guard has its solo baseline, nor while it re-measures it.
 
@@ -81,22 +82,26 @@ class Gate:
         self._failed_generation = -1  # the bubble in which nothing fitted: wait for the next one
         self._online_generation = -1  # the bubble (or the compute phase after it) the online lane last looked in
 
-    def _bubble_allowance_s(self, budget: float) -> float:
+    def _bubble_allowance_s(self, budget: float, margin: float) -> float:
         remaining_s = self.monitor.predicted_remaining_s()
-        return max(0.0, (budget * remaining_s - self.margin_s) / (1 + self.margin))
+        return max(0.0, (budget * remaining_s - self.margin_s) / (1 + margin))
 
     def allowance_s(self) -> float:
         """Seconds an offline chunk may take now (0 when none may start)."""
         if self.guard.calibrating or self.in_flight >= self.max_in_flight:
             return 0.0
-        return self._bubble_allowance_s(self.guard.budget)
+        return self._bubble_allowance_s(self.guard.budget, self.margin)
 
     def online_allowance_s(self) -> float:
         """Seconds an online chunk may take now: the bubble's allowance, or the reserve when the
         next bubble is predicted to open more than online_max_wait_s from now, whichever is
         larger. The guard's budget scales the reserve, not the bubble: a chunk that fits the
         predicted remainder leaves the compute phase alone, and squeezing requests out of bubbles
-        would only make them wait for the next one."""
+        would only make them wait for the next one. Nor does the relative margin: the chunk's cost
+        is already scaled by its lane's measured overrun (the 95th percentile of end-to-pick over
+        prediction) and the bubble's remainder is a low quantile of recent bubbles; a request
+        turned away at a bubble's end waits a whole compute phase, where an offline chunk turned
+        away costs only fill."""
         now = self.monitor.clock()
         rate = self.online_reserve * self.guard.budget
         # The budget slows the refill, not the capacity: a capacity scaled by a shrunk budget
@@ -104,7 +109,7 @@ class Gate:
         self.reserve_s = min(self.online_reserve * RESERVE_SAVED_S,
                              self.reserve_s + rate * (now - self._reserve_at))
         self._reserve_at = now
-        bubble_s = self._bubble_allowance_s(1.0)
+        bubble_s = self._bubble_allowance_s(1.0, 0.0)
         if self.guard.calibrating or self.waited_s(now) + self.monitor.predicted_wait_s(now) <= self.online_max_wait_s:
             return bubble_s
         return max(bubble_s, self.reserve_s)

@@ -165,6 +165,21 @@ def test_gate_admits_only_what_fits_the_predicted_remainder_with_margin():
     assert gate.start("offline", lambda a: "late") is None  # training resumed: nothing new starts
 
 
+def test_an_online_request_fits_the_bubble_without_the_relative_margin():
+    """A request turned away at a bubble's end waits a whole compute phase; its cost is already
+    scaled by its lane's overrun factor, so the margin applies to offline chunks only."""
+    clock = FakeClock()
+    monitor = BubbleMonitor(quantile=0.5, clock=clock)
+    run_steps(monitor, clock, 0.05, [0.1] * 3)
+    gate = Gate(monitor, calibrated_guard(budget=0.5), max_in_flight=1, margin=0.25, margin_s=0.002)
+    open_bubble(monitor, clock, 3)
+    clock.now += 0.09  # 10 ms of the bubble left
+    assert gate.allowance_s() == pytest.approx((0.5 * 0.01 - 0.002) / 1.25)
+    assert gate.online_allowance_s() == pytest.approx(0.01 - 0.002)
+    assert gate.start("offline", fits(0.007)) is None
+    assert gate.start("online", fits(0.007)) == 0.007
+
+
 def test_gate_scales_the_allowance_by_the_guard_budget():
     clock = FakeClock()
     monitor = BubbleMonitor(quantile=0.5, clock=clock)

@@ -1,5 +1,8 @@
-"""A classifier of points around 4 random centres, with its own metric: accuracy and loss on
-held-out batches (a seed no worker draws from)."""
+"""A classifier of points around 8 random centres, with its own metric: accuracy and loss on
+held-out batches (a seed no worker draws from). Its held-out accuracy climbs past 0.9 over some
+tens of updates and levels off near 0.98, so a val_acc>=0.9 target sits inside the band of the
+curve profiling fits (a target crossed before the first evaluation would sit in the warm-up,
+where the fitted hyperbola says nothing)."""
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -9,7 +12,7 @@ from tasks.runtime.workloads import Workload
 HELD_OUT_SEED = 2**31 - 1
 
 
-def build(classes: int = 4, dims: int = 8, spread: float = 1.0):
+def build(classes: int = 8, dims: int = 8, spread: float = 0.8):
     centres = 2 * torch.randn(classes, dims)
 
     def batches(batch_size: int, seed: int):
@@ -28,4 +31,4 @@ def build(classes: int = 4, dims: int = 8, spread: float = 1.0):
 
     model = nn.Sequential(nn.Linear(dims, 32), nn.ReLU(), nn.Linear(32, classes))
     return Workload(name="evaluated", model=model, batches=batches, loss_fn=F.cross_entropy,
-                    base_lr=0.1, base_batch=32, evaluate=evaluate)
+                    base_lr=0.02, base_batch=32, evaluate=evaluate)
