@@ -107,12 +107,16 @@ class Model:
     def prices_usd_per_h(self) -> np.ndarray:
         return self.types.on_demand_usd_per_h if self.on_demand else self.types.spot_usd_per_h
 
+    @property
+    def ps_link_mbps(self) -> float:
+        """k * Bps, discounted by the bandwidth margin: what the PS link carries."""
+        return self.profile.ps_bandwidth_mbps * self.profile.num_ps * (1.0 - self.bandwidth_margin)
+
     def worker_bandwidth_mbps(self, load: np.ndarray) -> np.ndarray:
         """Bwk for clusters loading the PS as `load` workers do (Eq. 8, 9; see ps_load)."""
         p = self.profile
-        keep = 1.0 - self.bandwidth_margin
         return contended_bandwidth_mbps(load, p.contention.alpha1, p.contention.beta1,
-                                        p.required_bandwidth_mbps * keep, p.ps_bandwidth_mbps * p.num_ps * keep)
+                                        p.required_bandwidth_mbps * (1.0 - self.bandwidth_margin), self.ps_link_mbps)
 
     def iteration_times_s(self, load: np.ndarray, overlap_factor=None) -> np.ndarray:
         """T_i of one instance of each type in a cluster loading the PS as `load` workers do
@@ -166,8 +170,7 @@ class Model:
         so the update rate X = sum n_i / T_i cannot exceed X_cap = k * Bps / (2 S), Eq. 8's own
         limit (at P = 1 each worker gets Bps / n). Where Eq. 8-9 give more, every worker's time is
         stretched by the same factor: the workers' shares, and so bw and R, stay as they were."""
-        p = self.profile
-        cap_per_s = p.ps_bandwidth_mbps * p.num_ps * (1.0 - self.bandwidth_margin) / (2.0 * p.param_mb)
+        cap_per_s = self.ps_link_mbps / (2.0 * self.profile.param_mb)
         return np.maximum(1.0, (counts / t_i).sum(axis=1) / cap_per_s)
 
     def evaluate(self, counts: np.ndarray, loss_target: float, current_loss: float | None = None) -> dict[str, np.ndarray]:

@@ -6,9 +6,9 @@ requests may also use a small guarded reserve outside bubbles.
 
 (online: budget 1 and no relative margin, see online_allowance_s). Offline (and shared "any")
 lanes: a chunk is admitted if its predicted cost <= allowance_s and fewer than K such chunks are
-in flight. When training resumes (comm_end) the bubble closes and
-nothing new starts; chunks already running finish on their own (at most K). No offline chunk
-starts before the guard has its solo baseline, nor while it re-measures it.
+in flight. When training resumes (comm_end) the bubble closes and nothing new starts; chunks
+already running finish on their own (at most K). No offline chunk starts before the guard has
+its solo baseline, nor while it re-measures it.
 
 The online lane (one thread, one chunk at a time) runs next to the offline lanes, so a request
 never waits behind an offline chunk. It is admitted when its chunk fits the bubble's allowance.
