@@ -19,7 +19,8 @@ extrapolated from a band far above it, and on while a cluster's own curve still 
 above the target (`floor_blocks`: the fit would refuse a target the model may yet reach); a budget
 that ends first only stops them. After the fit,
 `check_target_profiled` refuses a target the fitted curve still cannot reach, in one line with the
-lowest target that can be planned and the budget that would train the clusters to it.
+lowest target that can be planned and the budget that would train the clusters to it, and one a
+profiled cluster had already met where its curve begins (`check_target_after_start`).
 """
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float
     one line: the lowest target that can be planned, and what would change that. With
     `target_metric` the curve is that metric's (`target_loss` its target on the curve's scale) and
     the line speaks of the metric."""
+    check_target_after_start(clusters, target_loss, target_metric)
     lowest = min(loss for c in clusters for _, loss in c.losses)
     floor = max(lowest_reachable_target(clusters), curve.gamma5 + FLOOR_MARGIN * abs(curve.gamma5))
     if target_loss >= floor:
@@ -154,6 +156,32 @@ def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float
                          f"({seen}; targets down to {planned} are planned): raise "
                          f"--profile-budget-s to about {needed_s:g} so the clusters train down to it, or aim at "
                          f"{aim} or {side}")
+
+
+def check_target_after_start(clusters: list[ClusterMeasurement], target_loss: float,
+                             target_metric: TargetMetric | None = None) -> None:
+    """A target some profiled cluster had already met at the first point of its curve (a metric
+    target met by the first evaluation, a loss target at or above the first smoothed loss) lies in
+    that cluster's warm-up: the curve starts after it and cannot tell how many updates it takes,
+    and the planner would read "no update needed" on clusters like it. Refused in one line,
+    naming the cluster and the top of the band the curve is fitted on, the easiest target it
+    predicts from what it saw."""
+    early = [c for c in clusters if c.losses and c.losses[0][1] <= target_loss]
+    if not early:
+        return
+    first = min(early, key=lambda c: c.losses[0][1])
+    update, value = first.losses[0]
+    top, _ = loss_band([c.losses for c in clusters])
+    where = ", ".join(f"{t}={n}" for t, n in first.cluster.items() if n)
+    if target_metric is None:
+        what, seen, aim, side = (f"loss target {target_loss:g}", f"smoothed loss {value:.4g} at update {update}",
+                                 f"--loss {top:.4g}", "below")
+    else:
+        m = target_metric
+        what, seen = f"target metric {m}", f"{m.name} {m.on_curve(value):.4g} at its first evaluation, update {update}"
+        aim, side = f"{m.name}{m.direction}{m.on_curve(top):.4g}", "above" if m.direction == ">=" else "below"
+    raise ProfilingError(f"{what} was already met where the profiled curve of {where} begins ({seen}): the fitted "
+                         f"curve starts after it and cannot tell how many updates it takes; aim at {aim} or {side}")
 
 
 def smoothed_losses(updates: list[dict], factor: float) -> list[tuple[int, float]]:

@@ -6,7 +6,7 @@ from tasks.profiling.clusters import (
     band_reached, budget_to_reach, check_target_profiled, floor_blocks, laggard, lowest_reachable_target,
     trained_enough, wave_done,
 )
-from tasks.profiling.fit import cluster_shape, curve_floor, fit_profile, iterations_to_loss
+from tasks.profiling.fit import cluster_shape, curve_floor, fit_profile, iterations_to_loss, loss_band
 from tasks.profiling.measurements import ProfilingError
 from tasks.runtime.evaluation import parse_target_metric
 from tests.profiling.synthetic import GAMMA_WITHOUT_R, synthetic_measurements
@@ -114,6 +114,31 @@ def test_a_target_metric_the_fitted_curve_cannot_reach_is_refused_in_the_metrics
         check_target_profiled(shortfall, val_acc.curve_target, acc_curve, 300.0, val_acc)
     reachable = parse_target_metric("val_acc>=0.86")
     check_target_profiled(shortfall, reachable.curve_target, acc_curve, 300.0, reachable)  # above the floor: planned
+
+
+def test_a_target_met_where_a_profiled_curve_begins_is_refused_with_the_easiest_target_it_predicts():
+    """A target a cluster had already met at its curve's first point (a metric at its first
+    evaluation) lies in its warm-up: the fitted curve cannot count the updates to it, and the
+    planner would read "no update needed". Refused in the target's own words, with the band's top."""
+    types, clusters = synthetic_measurements()
+    loss_curve = fit_profile("synthetic", types, clusters).profile.loss
+    top, _ = loss_band([c.losses for c in clusters])
+    with pytest.raises(ProfilingError, match=rf"^loss target 3.5 was already met where the profiled curve of "
+                                             rf"fast=1, slow=1 begins \(smoothed loss 3.182 at update 1\): the fitted "
+                                             rf"curve starts after it .*; aim at --loss {top:.4g} or below$"):
+        check_target_profiled(clusters, 3.5, loss_curve, budget_s=300.0)
+    check_target_profiled(clusters, 3.1, loss_curve, budget_s=300.0)  # below every curve's start: planned
+
+    shortfall = _as_accuracy_shortfall(clusters)
+    acc_curve = fit_profile("synthetic", types, shortfall).profile.loss
+    val_acc = parse_target_metric("val_acc>=0.6")  # 0.4 on the curve: two clusters began past it
+    with pytest.raises(ProfilingError, match=rf"^target metric val_acc>=0.6 was already met where the profiled curve "
+                                             rf"of fast=1, slow=1 begins \(val_acc 0.6818 at its first evaluation, "
+                                             rf"update 1\): .*; aim at val_acc>={1 - 0.1 * top:.4g} or above$"):
+        check_target_profiled(shortfall, val_acc.curve_target, acc_curve, 300.0, val_acc)
+    val_loss = parse_target_metric("val_loss<=3.5")
+    with pytest.raises(ProfilingError, match=rf"aim at val_loss<={top:.4g} or below$"):
+        check_target_profiled(clusters, val_loss.curve_target, loss_curve, 300.0, val_loss)
 
 
 def test_a_curves_floor_is_estimated_from_its_points_below_the_warm_up_knee():
