@@ -45,17 +45,20 @@ class Preset:
 
 
 P3, G3 = "p3.2xlarge", "g3.8xlarge"
-# Five clusters of 2 to 7 workers, each trained alone (clusters_side_by_side = 1) as a validation
+# Six clusters of 2 to 7 workers, each trained alone (clusters_side_by_side = 1) as a validation
 # run trains (side by side on 2 cores the workers' emulated compute overran its padding, and the
 # contention fit read a lighter PS than the one it predicts): three heterogeneous ones whose WA
-# batch sizes (about 17.6 to 26 samples) span the validation clusters', and two of one type
-# (3 x p3.2xlarge at bw 16, 2 x g3.8xlarge at bw 32) at the ends of the batch range. No single
+# batch sizes (about 17.6 to 26 samples) span the validation clusters', and three of one type
+# (3 x p3.2xlarge at bw 16; 2 and 4 x g3.8xlarge at bw 32) at the ends of the batch range. The
+# large-batch type at two sizes is what tells the batch term's n-exponent (loss.batch_n_exponent)
+# from the n-shape: with 2 x g3.8xlarge alone the fit predicted 4 x g3.8xlarge 12-20% short of
+# the updates it took (docs/profiling.md, "Which clusters, and why"). No single
 # worker: one worker's gradients are never stale, and under the runtime's asynchronous rule
 # (tasks/runtime/async_rule.py) p3.2xlarge alone needs about as many updates to a target as
 # p3 + g3 (65 and 59), while from two workers to seven they grow as about n^0.6. No n-shape of
 # Eq. 3 follows both; fitted with the singles, the curve over-predicted every 2-4-worker
 # cluster by 10-22%. One worker is outside the fitted range (docs/profiling.md).
-FIT_CLUSTERS = ({P3: 1, G3: 1}, {P3: 1, G3: 3}, {P3: 6, G3: 1}, {P3: 3}, {G3: 2})
+FIT_CLUSTERS = ({P3: 1, G3: 1}, {P3: 1, G3: 3}, {P3: 6, G3: 1}, {P3: 3}, {G3: 2}, {G3: 4})
 
 # Held out: one cluster of one-GPU workers (p3.2xlarge), one of multi-GPU workers only (g3.8xlarge:
 # two replicas each, summing over the instance's PCIe), and mixed ones, so the error of each kind
@@ -73,7 +76,7 @@ FULL = Preset(
     reference_compute_s=0.1, comm_alone_s=0.05, ps_share=1.25, iterations=30,
     fit_clusters=FIT_CLUSTERS, cluster_duration_s=40.0,
     validation_configs=({P3: 2}, {P3: 1, G3: 2}, {P3: 3, G3: 1}, {P3: 2, G3: 3}, {P3: 4, G3: 2}, {P3: 5, G3: 1},
-                        {G3: 4}),
+                        {G3: 5}),
     loss_target=1.9, parallel=1,
 )
 
