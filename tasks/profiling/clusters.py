@@ -140,13 +140,13 @@ def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float
     floor = max(lowest_reachable_target(clusters), curve.gamma5 + FLOOR_MARGIN * abs(curve.gamma5))
     if target_loss >= floor:
         return
+    what, aim = _target_words(target_loss, target_metric, floor)
     if target_metric is None:
-        what, seen, curve_name = f"loss target {target_loss:g}", f"lowest smoothed loss {lowest:.4g}", "loss curve"
-        aim, beyond, side = f"--loss {floor:.4g}", "below", "above"
+        seen, curve_name, beyond, side = f"lowest smoothed loss {lowest:.4g}", "loss curve", "below", "above"
     else:
         m = target_metric
-        what, seen, curve_name = f"target metric {m}", f"best {m.name} {m.on_curve(lowest):.4g}", f"{m.name} curve"
-        aim, beyond, side = f"{m.name}{m.direction}{m.on_curve(floor):.4g}", "beyond", "above" if m.direction == "<=" else "below"
+        seen, curve_name, beyond = f"best {m.name} {m.on_curve(lowest):.4g}", f"{m.name} curve", "beyond"
+        side = "above" if m.direction == "<=" else "below"
     if target_loss <= curve.gamma5:
         raise ProfilingError(f"{what} is unreachable: profiling trained toward it ({seen}) and the fitted {curve_name} "
                              f"levels off at gamma5 = {curve.gamma5:.4g}; aim at {aim} or {side}")
@@ -156,6 +156,16 @@ def check_target_profiled(clusters: list[ClusterMeasurement], target_loss: float
                          f"({seen}; targets down to {planned} are planned): raise "
                          f"--profile-budget-s to about {needed_s:g} so the clusters train down to it, or aim at "
                          f"{aim} or {side}")
+
+
+def _target_words(target_loss: float, target_metric: TargetMetric | None, level: float) -> tuple[str, str]:
+    """How a refusal names the target, and a target at curve level `level` to aim at: in the
+    loss's words ("loss target 1.2", "--loss 1.3") or the metric's ("target metric val_acc>=0.9",
+    "val_acc>=0.87")."""
+    if target_metric is None:
+        return f"loss target {target_loss:g}", f"--loss {level:.4g}"
+    m = target_metric
+    return f"target metric {m}", f"{m.name}{m.direction}{m.on_curve(level):.4g}"
 
 
 def check_target_after_start(clusters: list[ClusterMeasurement], target_loss: float,
@@ -173,13 +183,11 @@ def check_target_after_start(clusters: list[ClusterMeasurement], target_loss: fl
     update, value = first.losses[0]
     top, _ = loss_band([c.losses for c in clusters])
     where = ", ".join(f"{t}={n}" for t, n in first.cluster.items() if n)
-    if target_metric is None:
-        what, seen, aim, side = (f"loss target {target_loss:g}", f"smoothed loss {value:.4g} at update {update}",
-                                 f"--loss {top:.4g}", "below")
-    else:
-        m = target_metric
-        what, seen = f"target metric {m}", f"{m.name} {m.on_curve(value):.4g} at its first evaluation, update {update}"
-        aim, side = f"{m.name}{m.direction}{m.on_curve(top):.4g}", "above" if m.direction == ">=" else "below"
+    what, aim = _target_words(target_loss, target_metric, top)
+    m = target_metric
+    seen = (f"smoothed loss {value:.4g} at update {update}" if m is None
+            else f"{m.name} {m.on_curve(value):.4g} at its first evaluation, update {update}")
+    side = "above" if m is not None and m.direction == ">=" else "below"
     raise ProfilingError(f"{what} was already met where the profiled curve of {where} begins ({seen}): the fitted "
                          f"curve starts after it and cannot tell how many updates it takes; aim at {aim} or {side}")
 

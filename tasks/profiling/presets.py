@@ -51,7 +51,7 @@ P3, G3 = "p3.2xlarge", "g3.8xlarge"
 # batch sizes (about 17.6 to 26 samples) span the validation clusters', and three of one type
 # (3 x p3.2xlarge at bw 16; 2 and 4 x g3.8xlarge at bw 32) at the ends of the batch range. The
 # large-batch type at two sizes is what tells the batch term's n-exponent (loss.batch_n_exponent)
-# from the n-shape: with 2 x g3.8xlarge alone the fit predicted 4 x g3.8xlarge 12-20% short of
+# from the n-shape: with 2 x g3.8xlarge alone the fit predicted 4 x g3.8xlarge 12-18% short of
 # the updates it took (docs/profiling.md, "Which clusters, and why"). No single
 # worker: one worker's gradients are never stale, and under the runtime's asynchronous rule
 # (tasks/runtime/async_rule.py) p3.2xlarge alone needs about as many updates to a target as
