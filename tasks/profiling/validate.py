@@ -6,9 +6,11 @@ model's prediction (tasks.core.model.Model) and against a contention-blind basel
 with an unlimited PS (every worker at its ideal speed, cluster speed = the sum of the ideal
 speeds, as CM-DARE predicts it).
 
-Workers start a few seconds apart (process start-up), so both predictions are replayed on the
-observed start schedule: worker i makes its first update when it did in the run and one every T_i
-after it, and the predicted time is when those updates add up to the predicted iterations. Start-up itself is the
+Workers start a few seconds apart (process start-up) and each waits once for its phase slot
+(tasks/runtime/stagger.py), so both predictions are replayed on the observed start schedule:
+worker i makes its update at ALIGN_STEP (the first after that wait) when it did in the run,
+ALIGN_STEP before it, and one every T_i after it, and the predicted time is when those updates add
+up to the predicted iterations. Start-up itself is the
 provider's overhead, reported separately (start_skew_s), not the model's to predict.
 
 The error is split in two: `speed_time_error` replays the OBSERVED iterations on the predicted
@@ -45,6 +47,7 @@ from tasks.core.profile import Contention, LossCurve, Profile
 from tasks.profiling.measurements import ProfilingError, cluster_label
 from tasks.profiling.runs import WARMUP_UPDATES, check_not_diverged, fresh_run_id, update_records, wait_until, worker_batch
 from tasks.providers.base import Provider
+from tasks.runtime.stagger import ALIGN_STEP
 
 UNLIMITED_MBPS = 1e12
 
@@ -77,7 +80,7 @@ class ConfigResult(BaseModel):
     observed_iterations: float  # mean over the runs
     iterations_error: float
     predicted_iteration_time_s: float  # Texp of the model
-    observed_iteration_time_s: float  # steady: seconds per update once every worker was in
+    observed_iteration_time_s: float  # steady: seconds per update once every worker was in and aligned
     predicted_steady_time_s: float  # iterations * Texp, without the start schedule
     paper_time_s: float
     paper_time_error: float
@@ -158,6 +161,16 @@ def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_
     return t_below + (j - below) * (t_above - t_below) - first
 
 
+def replay_starts_s(first_s: list[float], aligned_s: list[float | None], iteration_times_s: list[float]) -> list[float]:
+    """Where each worker's replayed schedule starts, for `time_on_schedule`: its update at
+    ALIGN_STEP, the first after its one wait for its phase slot (tasks/runtime/stagger.py), on
+    its observed time, with its ALIGN_STEP earlier updates evenly before it (as many as it made);
+    a worker that did not get that far (None), from its first update. The wait is start-up, like
+    the start skew: the model predicts the steady rate after it."""
+    return [first if aligned is None else aligned - ALIGN_STEP * t
+            for first, aligned, t in zip(first_s, aligned_s, iteration_times_s)]
+
+
 def _kth_update_s(k: int, starts: np.ndarray, periods: np.ndarray) -> float:
     """When the k-th update (1-based) of all workers together happens: bisection on the count."""
     def count(t: float) -> int:
@@ -217,15 +230,21 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
         raise ProfilingError(f"{where}: only {len(workers)} of {sum(cluster.values())} workers trained "
                              "before the target was reached; use a lower loss target")
     offsets = [first_by_worker[w] for w in workers]
+    aligned_by_worker = {u["worker"]: u["t"] - first_t for u in updates if u["step"] == ALIGN_STEP}
+    aligned = [aligned_by_worker.get(w) for w in workers]
     names = list(model.types.names)
 
     def scheduled(name: str, iterations: float) -> float:
         m = models[name]
         t_i = m.cluster_iteration_times_s(m.counts_vector(cluster))[0]
-        return time_on_schedule(iterations, offsets, [float(t_i[names.index(type_by_worker[w])]) for w in workers])
+        periods = [float(t_i[names.index(type_by_worker[w])]) for w in workers]
+        starts = replay_starts_s(offsets, aligned, periods)
+        return time_on_schedule(iterations, starts, periods) + min(starts)  # from the first update, as observed
 
     skew_s = max(offsets)
-    steady = [u for u in updates if u["t"] - first_t >= skew_s]
+    # steady: every worker in and past its one wait for its phase
+    steady_from_s = max([skew_s] + [a for a in aligned if a is not None])
+    steady = [u for u in updates if u["t"] - first_t >= steady_from_s]
     # The emulated compute is padded to the profile's; a busy host (or too many workers for its
     # cores) stretches it beyond, which slows the run without any error of the model's.
     by_worker: dict[int, list[float]] = {}

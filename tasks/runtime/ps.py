@@ -58,6 +58,7 @@ from tasks.runtime.lease import LeaseWatch
 from tasks.runtime.async_rule import DEFAULT_RULE, RULES, make_rule
 from tasks.runtime.cuts import CUTS_KEPT, EpochCut, shard_dir
 from tasks.runtime.durable import S3Checkpoints
+from tasks.runtime.stagger import TypeSlots
 from tasks.runtime.evaluation import DEFAULT_EVAL_EVERY_UPDATES, TargetMetric, parse_target_metric
 from tasks.runtime.lifetime import pid_alive
 from tasks.runtime.periodic_eval import PeriodicEvaluation
@@ -125,6 +126,7 @@ class ParameterServer:
         self.next_worker_id = 0
         self.stopping: str | None = None
         self.shaper = Shaper(config.ps_mbps)
+        self.type_slots = TypeSlots()  # each type's workers spread over their period (stagger.py)
         self.dir = shard_dir(config.run_dir, config.shard)  # the run directory for shard 0
         self.telemetry = TelemetryWriter(self.dir)
         self.checkpoint_dir = self.dir / "checkpoints"
@@ -370,11 +372,13 @@ class ParameterServer:
             self.telemetry.write("leave", worker=worker_id, reason="lost", error=str(err)[:200])
             return
         instance_type = desc.get("instance_type", "")
+        phase_fraction = self.type_slots.take(instance_type, worker_id)
         self.shaper.add_worker(worker_id, desc.get("nic_mbps"))
         if self.sharded:
             self.epochs.joined(worker_id)
         self.telemetry.write("join", worker=worker_id, instance_type=instance_type, instance_id=desc.get("instance_id"),
-                             batch_size=desc["batch_size"], gpus=desc.get("gpus", 1), nic_mbps=desc.get("nic_mbps"))
+                             batch_size=desc["batch_size"], gpus=desc.get("gpus", 1), nic_mbps=desc.get("nic_mbps"),
+                             phase=phase_fraction)
         header = wire.new_header()
         push = torch.empty(self.flat_size)
         nbytes = push.numel() * push.element_size()
@@ -389,6 +393,7 @@ class ParameterServer:
                     return
                 applied = False
                 if kind == wire.PUSH:  # header, the pieces (push.py), then the trailer: a header with the times
+                    self.type_slots.started(worker_id, time.time())  # the header leaves as compute starts
                     works = [link.start_recv(push[lo:hi], tag) for tag, (lo, hi) in enumerate(cut, start=1)]
                     link.recv(header)
                     for work in works:
@@ -398,6 +403,7 @@ class ParameterServer:
                 reply = wire.new_header()
                 reply[3] = 1.0 if applied else 0.0
                 reply[2] = self.workload.lr_for_batch(desc["batch_size"])
+                reply[wire.PHASE_FRACTION], reply[wire.PHASE_ANCHOR_S] = self.type_slots.phase(instance_type, worker_id)
                 if self.sharded:
                     reply[wire.EPOCH], reply[wire.STOP_EPOCH] = self.epochs.advertised()
                 version, params = self.published_state()
@@ -422,6 +428,7 @@ class ParameterServer:
             self.fail(err)
         finally:
             self.shaper.remove_worker(worker_id)
+            self.type_slots.free(instance_type, worker_id)
             if self.sharded:
                 self.epochs.left(worker_id)
             self.telemetry.write("leave", worker=worker_id, reason=reason)

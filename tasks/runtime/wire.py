@@ -16,7 +16,9 @@ worker -> PS: a float64 header [kind, step, samples, loss, base_version, compute
     exposed after compute, slot 11 the seconds the sum held the instance's link (replicas.py;
     negative: one GPU).
 PS -> worker: a float64 header [status, version, lr, applied (1.0 when the push just received was
-    applied and counted), epoch, stop_epoch, 0...]; with status CONTINUE the PS's range of the flat
+    applied and counted), 0, 0, phase fraction, anchor start, epoch, stop_epoch, 0...] (the
+    phase: the worker's slot among its type's workers, counted from the type's anchor, and the
+    anchor's latest compute start, wall-clock; 0: none to align to; stagger.py); with status CONTINUE the PS's range of the flat
     float32 vector of parameters followed by buffers, in the same pieces on the same tags (the
     buffers' first: pieces.pull_order), which the worker lands while forward runs (pull.py). `epoch` and `stop_epoch` (0:
     none) carry the sharded PS's consistent cuts (ps.py); a single PS leaves them 0.
@@ -37,6 +39,7 @@ from tasks.runtime import flat
 
 HEADER_LEN = 12
 EPOCH, STOP_EPOCH = 8, 9  # header slots of the sharded PS's epoch protocol (both directions)
+PHASE_FRACTION, PHASE_ANCHOR_S = 6, 7  # a reply's slots: where in its period the worker iterates (stagger.py)
 INTRA_SUM_S = 10  # a push trailer's slot: the exposed seconds of the sum of a multi-GPU worker's replicas
 INTRA_SUM_LINK_S = 11  # and the seconds its buckets held the instance's link
 PUSH, LEAVE, PULL = 1.0, 2.0, 3.0

@@ -12,6 +12,10 @@ Multi-GPU instances (`--gpus G`, the local provider passes SPOTFILL_GPUS): G rep
 GPU, each at batch_size / G, summing their gradients inside the instance during backward before
 one push (replicas.py, buckets.py); each replica pads its own step as above.
 
+Phase: workers of one type would push and pull at the same moments on every iteration; after
+four iterations each but the type's anchor waits once for the phase the PS's replies give it
+(its slot's share of the period after the anchor's compute start; stagger.py).
+
 Leaving: when the notice file appears (a revocation notice) or on SIGTERM/SIGINT, the worker
 finishes its current iteration (its gradient is pushed and counted), tells the PS it leaves, and
 exits 0. When the PS connection breaks, it rejoins under a fresh id for up to
@@ -53,6 +57,7 @@ from tasks.runtime.pieces import PIECE_MB, piece_numel_for
 from tasks.runtime.pull import Puller
 from tasks.runtime.push import Pusher
 from tasks.runtime.replicas import Replicas
+from tasks.runtime.stagger import PhaseAligner
 from tasks.runtime.wire import LinkLost
 from tasks.runtime.workloads import build_workload, parse_options, resolve_builder
 
@@ -370,6 +375,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
         comm_s = -1.0  # the previous iteration's push+pull; none before the first
         padded_s = None  # the previous step's emulated compute time, when padded (the replicas' buckets, buckets.py)
         need_pull = True
+        aligner = PhaseAligner()  # a fresh one at each (re)join's first pull
         while True:
             try:
                 if need_pull:
@@ -377,6 +383,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                     if not shards.receive(puller):
                         return WorkerResult("stop", step, samples_accepted, rejoins)
                     need_pull = False
+                    aligner = PhaseAligner()
                 leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
                 if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
                     leave = "terminated"
@@ -387,6 +394,10 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                     shards.leave(leave)
                     return WorkerResult(leave, step, samples_accepted, rejoins)
 
+                wait_s = aligner.wait_s(time.time(), shards.replies[0][wire.PHASE_FRACTION].item(),
+                                        shards.replies[0][wire.PHASE_ANCHOR_S].item())
+                if wait_s > 0:  # once, to this type's slot in the period (stagger.py)
+                    time.sleep(wait_s)
                 listener.compute_start(step)
                 t0 = time.monotonic()
                 if replicas is not None:  # the pull, received once, to every replica

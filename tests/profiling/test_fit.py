@@ -15,7 +15,8 @@ from tasks.profiling.fit import (
 )
 from tasks.profiling.measurements import ProfilingError
 from tasks.profiling.store import RawMeasurements, cache_key, cached_profile, save_profile
-from tasks.profiling.validate import time_on_schedule
+from tasks.profiling.validate import replay_starts_s, time_on_schedule
+from tasks.runtime.stagger import ALIGN_STEP
 from tasks.runtime.telemetry import TelemetryReader
 from tests.profiling.synthetic import BPS, BREQ, QUICK_DESIGN, S_MB, synthetic_measurements
 
@@ -402,6 +403,17 @@ def test_time_on_schedule_matches_merging_every_workers_updates():
         k = int(rng.integers(1, 300))
         events = np.sort(np.concatenate([s + p * np.arange(k) for s, p in zip(starts, periods)]))
         assert time_on_schedule(k, list(starts), list(periods)) == pytest.approx(events[k - 1] - starts.min(), abs=1e-9)
+
+
+def test_the_replay_puts_each_workers_aligned_update_where_it_was_observed():
+    """A worker that waited for its phase slot (stagger.py) after ALIGN_STEP updates: the replay
+    has it make its update at ALIGN_STEP at the observed time and one every T after it, with as
+    many updates before as it made; a worker that never got that far starts from its first."""
+    starts = replay_starts_s([0.0, 0.05], [0.9, None], [0.2, 0.3])
+    assert starts == [pytest.approx(0.9 - ALIGN_STEP * 0.2), 0.05]
+    # the first worker's updates: ALIGN_STEP + 1 of them by 0.9 s, then one every 0.2 s
+    assert time_on_schedule(ALIGN_STEP + 1, starts[:1], [0.2]) + starts[0] == pytest.approx(0.9)
+    assert time_on_schedule(ALIGN_STEP + 3, starts[:1], [0.2]) + starts[0] == pytest.approx(1.3)
 
 
 def test_validation_runs_in_rounds_and_scores_each_configurations_mean(monkeypatch, shipped_profile_path, tmp_path):
