@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 
 # Iterations before the one that is aligned: the first carries start-up (the first pull, lazy
