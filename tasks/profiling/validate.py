@@ -144,16 +144,18 @@ def paper_form(profile: Profile) -> Profile:
                              f"{str(err)[:80]})") from None
 
 
-def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_times_s: list[float]) -> float:
+def time_on_schedule(iterations: float, start_offsets_s: list[float], iteration_times_s: list[float],
+                     origin_s: float | None = None) -> float:
     """Seconds from the first update until the cluster has made `iterations` updates, worker i
     making its first update at its offset and one every T_i after it: the observed time is
     measured the same way (first update to the j-th). Updates are counted as discrete events; a
     continuous rate from each offset undercounts by about half an update per worker and
     over-predicted every measured run by 1-3%. A fractional count is interpolated between the
-    updates on either side."""
+    updates on either side. `origin_s`: where the time counts from when the offsets are a
+    replay's (`replay_starts_s`), whose earliest need not be the run's first update."""
     starts = np.asarray(start_offsets_s, dtype=float)
     periods = np.asarray(iteration_times_s, dtype=float)
-    first = float(starts.min())
+    first = float(starts.min()) if origin_s is None else origin_s
     j = max(1.0, float(iterations))
     below, above = int(np.floor(j)), int(np.ceil(j))
     t_below = _kth_update_s(below, starts, periods)
@@ -239,7 +241,7 @@ def run_once(provider: Provider, run_id: str, profile: Profile, workload: str, p
         t_i = m.cluster_iteration_times_s(m.counts_vector(cluster))[0]
         periods = [float(t_i[names.index(type_by_worker[w])]) for w in workers]
         starts = replay_starts_s(offsets, aligned, periods)
-        return time_on_schedule(iterations, starts, periods) + min(starts)  # from the first update, as observed
+        return time_on_schedule(iterations, starts, periods, origin_s=0.0)  # from the first update, as observed
 
     skew_s = max(offsets)
     # steady: every worker in and past its one wait for its phase

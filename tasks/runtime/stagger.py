@@ -85,7 +85,7 @@ class TypeSlots:
         with self._lock:
             slots = self._slots.get(instance_type, {})
             anchor = next(iter(slots), None)
-            if anchor is None or anchor == worker_id or worker_id not in slots:
+            if anchor is None or anchor == worker_id:
                 return 0.0, 0.0
             fraction = (spread_fraction(slots[worker_id]) - spread_fraction(slots[anchor])) % 1.0
             return fraction, self._started_s.get(anchor, 0.0)

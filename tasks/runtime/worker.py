@@ -375,7 +375,6 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
         comm_s = -1.0  # the previous iteration's push+pull; none before the first
         padded_s = None  # the previous step's emulated compute time, when padded (the replicas' buckets, buckets.py)
         need_pull = True
-        aligner = PhaseAligner()  # a fresh one at each (re)join's first pull
         while True:
             try:
                 if need_pull:
@@ -383,7 +382,7 @@ def run_worker(config: WorkerConfig, listener: PhaseListener | None = None, leav
                     if not shards.receive(puller):
                         return WorkerResult("stop", step, samples_accepted, rejoins)
                     need_pull = False
-                    aligner = PhaseAligner()
+                    aligner = PhaseAligner()  # a fresh one at each (re)join's first pull
                 leave = leave_flag.reason or ("notice" if config.notice_file and config.notice_file.exists() else None)
                 if leave is None and config.watch_pid and not pid_alive(config.watch_pid):
                     leave = "terminated"
