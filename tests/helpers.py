@@ -149,7 +149,8 @@ def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY, fur
              ps_bandwidth=st.floats(300, 2000)):
     """Random small profiles (a hypothesis strategy) for the planner's property tests: types
     t0.x, t1.x, ... with quotas up to max_quota, at least one of them above 0. `further` draws
-    the further terms: {"overlap": ..., "overlap_width": ..., "link_cap": ..., "batch_n_exponent": ...}
+    the further terms: {"overlap": ..., "overlap_width": ..., "link_cap": ..., "batch_n_exponent": ...,
+    "batch_staleness": ...}
     (none by default: the paper's form); `ps_bandwidth` draws Bps (a narrow one fills the PS link)."""
     m = draw(st.integers(1, max_types))
     instances = []
@@ -171,7 +172,7 @@ def profiles(draw, max_types=4, max_quota=4, kappa=KAPPAS, by=CONTENTION_BY, fur
                        **{k: v for k, v in terms.items() if k.startswith("overlap") or k == "link_cap"}},
         "loss": {"gamma1": draw(st.floats(0, 1500)), "gamma2": draw(st.floats(-0.25, 0.05)),
                  "gamma3": 2507.6, "gamma4": draw(st.sampled_from([None, 0.05, 0.5])), "gamma5": 0.5,
-                 "kappa": draw(kappa), **{k: v for k, v in terms.items() if k == "batch_n_exponent"}},
+                 "kappa": draw(kappa), **{k: v for k, v in terms.items() if k.startswith("batch_")}},
         "instances": instances,
     })
 

@@ -5,7 +5,7 @@ profile's M types) and returns their predicted iteration time, WA batch size, co
 coefficient, iterations and training time and cost, so that solvers can score thousands of
 clusters per numpy call. The paper's form is the default; a profile may select the extensions
 of docs/model.md (`loss.kappa`, `contention.by = "load"`) and its further terms
-(`contention.overlap`, `contention.link_cap`, `loss.batch_n_exponent`). Every prediction of time
+(`contention.overlap`, `contention.link_cap`, `loss.batch_n_exponent`, `loss.batch_staleness`). Every prediction of time
 and iterations (predict, plan, the risk model, the replay, validation and the fit's held-out
 errors) is computed here.
 """
@@ -34,11 +34,24 @@ def cluster_spread(cc, n, gamma4: float | None, kappa: float | None):
     return np.sqrt(base) if kappa is None else base ** kappa
 
 
+def batch_slope(n, gamma2: float, batch_n_exponent: float | None = None, batch_staleness: float | None = None):
+    """The batch term's slope at cluster size n: gamma2 * n ** eta + psi * (n - 1). Both further
+    terms null: gamma2 itself (a float, so that paper-form profiles compute as before the terms)."""
+    if batch_n_exponent is None and batch_staleness is None:
+        return gamma2
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    slope = gamma2 if batch_n_exponent is None else gamma2 * n ** batch_n_exponent
+    return slope if batch_staleness is None else slope + batch_staleness * (n - 1.0)
+
+
 def curve_numerator(bw, cc, n, gamma2: float, gamma3: float, gamma4: float | None, kappa: float | None,
-                    batch_n_exponent: float | None = None):
-    """Eq. 3's numerator (gamma2 * bw * n ** eta + gamma3) * cluster_spread; eta null is the
-    paper's batch term gamma2 * bw, computed as before the term existed (bit for bit)."""
+                    batch_n_exponent: float | None = None, batch_staleness: float | None = None):
+    """Eq. 3's numerator (gamma2 * bw * n ** eta + psi * (n - 1) * bw + gamma3) * cluster_spread;
+    eta and psi null are the paper's batch term gamma2 * bw, each computed as before its term
+    existed (bit for bit)."""
     spread = cluster_spread(cc, n, gamma4, kappa)
+    if batch_staleness is not None:
+        return (batch_slope(n, gamma2, batch_n_exponent, batch_staleness) * bw + gamma3) * spread
     if batch_n_exponent is None:
         return (gamma2 * bw + gamma3) * spread
     return (gamma2 * bw * np.maximum(np.asarray(n, dtype=float), 1.0) ** batch_n_exponent + gamma3) * spread
@@ -215,7 +228,7 @@ class Model:
     def curve_numerator(self, bw, cc, n):
         """Eq. 3's numerator for clusters of WA batch bw, coefficient R = cc and size n."""
         g = self.profile.loss
-        return curve_numerator(bw, cc, n, g.gamma2, g.gamma3, g.gamma4, g.kappa, g.batch_n_exponent)
+        return curve_numerator(bw, cc, n, g.gamma2, g.gamma3, g.gamma4, g.kappa, g.batch_n_exponent, g.batch_staleness)
 
     def iterations(self, bw, cc, n, loss_target: float, current_loss: float | None = None) -> np.ndarray:
         """Iterations j to reach loss_target (Eq. 3 solved for j), floored at 0; with current_loss,

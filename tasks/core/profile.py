@@ -27,6 +27,7 @@ TYPE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 # exact solver's bounds are argued for every value in them (docs/planner.md).
 OVERLAP_MAX = 1.0
 BATCH_N_EXPONENT_BOUNDS = (-1.5, 1.0)
+BATCH_STALENESS_MAX = 100.0
 DEFAULT_OVERLAP_WIDTH = 0.2
 
 
@@ -57,6 +58,9 @@ class LossCurve(BaseModel):
     kappa: float | None = Field(default=None, ge=0.25, le=1.0)  # exponent of (R + gamma4) * n; null: 0.5
     # The batch term's n-dependence: gamma2 * bw * n ** eta (docs/model.md, Further terms); null: 0
     batch_n_exponent: float | None = Field(default=None, ge=BATCH_N_EXPONENT_BOUNDS[0], le=BATCH_N_EXPONENT_BOUNDS[1])
+    # The staleness cost of the batch: psi * bw * (n - 1) in the batch term (docs/model.md,
+    # Further terms); null: 0
+    batch_staleness: float | None = Field(default=None, ge=0, le=BATCH_STALENESS_MAX)
 
     def require_reachable(self, loss_target: float) -> None:
         """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md):

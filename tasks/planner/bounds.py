@@ -26,15 +26,16 @@ The further terms (docs/model.md) keep them valid too:
 - contention.link_cap: where the PS link caps the update rate, every type's time is stretched
   by one factor >= 1, so the rates without the cap are ceilings (as for the overlap), and the
   shares of the rates, hence the WA batch and R, are those without it;
-- loss.batch_n_exponent (eta): for one size n the batch term gamma2 * n ** eta * bw is still
-  affine in the WA batch, with the slope's sign that of gamma2 (n ** eta > 0), so the bounds
-  above hold with gamma2 replaced by the size's slope.
+- loss.batch_n_exponent (eta) and loss.batch_staleness (psi): for one size n the batch term
+  (gamma2 * n ** eta + psi * (n - 1)) * bw is still affine in the WA batch; its slope's sign may
+  differ from size to size, and every bound above is per size and takes the end of the batch
+  interval by the sign of that size's slope, so they hold with gamma2 replaced by the size's slope.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tasks.core.model import cluster_spread
+from tasks.core.model import batch_slope, cluster_spread
 from tasks.core.profile import Profile
 
 
@@ -145,9 +146,8 @@ class IterationBound:
 
     def __init__(self, profile: Profile, n, loss_target: float, current_loss: float | None):
         g = profile.loss
-        # the batch term's slope at this size: gamma2, or gamma2 * n ** eta (same sign)
-        self.gamma2 = (g.gamma2 if g.batch_n_exponent is None
-                       else g.gamma2 * np.maximum(np.asarray(n, dtype=float), 1.0) ** g.batch_n_exponent)
+        # the batch term's slope at this size: gamma2, or gamma2 * n ** eta + psi * (n - 1)
+        self.gamma2 = batch_slope(n, g.gamma2, g.batch_n_exponent, g.batch_staleness)
         self.gamma3 = g.gamma3
         spread_at_r0 = cluster_spread(0.0, n, g.gamma4, g.kappa)
         if current_loss is None:

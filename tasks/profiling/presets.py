@@ -50,7 +50,7 @@ P3, G3 = "p3.2xlarge", "g3.8xlarge"
 # contention fit read a lighter PS than the one it predicts): three heterogeneous ones whose WA
 # batch sizes (about 17.6 to 26 samples) span the validation clusters', and three of one type
 # (3 x p3.2xlarge at bw 16; 2 and 4 x g3.8xlarge at bw 32) at the ends of the batch range. The
-# large-batch type at two sizes is what tells the batch term's n-exponent (loss.batch_n_exponent)
+# large-batch type at two sizes is what tells the staleness cost of the batch (loss.batch_staleness)
 # from the n-shape: with 2 x g3.8xlarge alone the fit predicted 4 x g3.8xlarge 12-18% short of
 # the updates it took (docs/profiling.md, "Which clusters, and why"). No single
 # worker: one worker's gradients are never stale, and under the runtime's asynchronous rule

@@ -144,19 +144,20 @@ SHIPPED_PREDICTIONS = [  # (profile, cluster, loss target, iterations, time_s, c
 @pytest.mark.parametrize("name, cluster, loss, iterations, time_s, cost_usd", SHIPPED_PREDICTIONS)
 def test_the_shipped_profiles_predict_bit_for_bit_as_before_the_further_terms(name, cluster, loss, iterations, time_s,
                                                                               cost_usd):
-    """Captured before contention.overlap, contention.link_cap and loss.batch_n_exponent existed:
+    """Captured before contention.overlap, contention.link_cap, loss.batch_n_exponent and
+    loss.batch_staleness existed:
     the shipped profiles carry none, and absent, null and the neutral values all give exactly those
     numbers, for these clusters and (neutral against absent) every cluster within the quotas."""
     path = SHIPPED_PROFILE.parent / name
     profile = load_profile(path)
     assert profile.contention.overlap is None and profile.loss.batch_n_exponent is None
-    assert profile.contention.link_cap is None
+    assert profile.contention.link_cap is None and profile.loss.batch_staleness is None
     m = Model.from_profile(profile)
     r = one(m, cluster, loss)
     assert (r["iterations"], r["time_s"], r["cost_usd"]) == (iterations, time_s, cost_usd)
     data = profile.model_dump()
     data["contention"].update(overlap=0.0, overlap_width=0.2, link_cap=False)
-    data["loss"]["batch_n_exponent"] = 0.0
+    data["loss"].update(batch_n_exponent=0.0, batch_staleness=0.0)
     neutral = Model.from_profile(profile_from_dict(data))
     every = np.array(list(itertools.product(*(range(i.quota + 1) for i in profile.instances))))
     a, b = m.evaluate(every, loss), neutral.evaluate(every, loss)
@@ -235,3 +236,19 @@ def test_the_batch_n_exponent_scales_the_batch_term_by_n(eta):
     for n in (1, 3, 6):
         expected = (g.gamma2 * 1024 * n ** eta + g.gamma3) * math.sqrt(n) / (0.8 - g.gamma5) - g.gamma1
         assert one(m, {"g4dn.4xlarge": n}, 0.8)["iterations"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("psi, eta", [(0.0, None), (0.05, None), (0.3, None), (0.05, -0.5)])
+def test_the_staleness_cost_adds_to_the_batch_slope_with_each_worker_beyond_the_first(psi, eta):
+    """psi * bw * (n - 1) joins the batch term: nothing for one worker, and a slope that rises
+    with n, so that with gamma2 < 0 a larger batch needs fewer updates in a small cluster and
+    more in a large one (docs/model.md, Further terms)."""
+    m = with_terms(loss={"batch_staleness": psi, "batch_n_exponent": eta}, name="resnet110-cifar100.json")
+    g = m.profile.loss
+    for n in (1, 3, 6):
+        slope = g.gamma2 * (1.0 if eta is None else n ** eta) + psi * (n - 1)
+        expected = (slope * 1024 + g.gamma3) * math.sqrt(n) / (0.8 - g.gamma5) - g.gamma1
+        assert one(m, {"g4dn.4xlarge": n}, 0.8)["iterations"] == pytest.approx(expected)
+    base = with_terms(loss={"batch_n_exponent": eta}, name="resnet110-cifar100.json")
+    alone = one(m, {"g4dn.4xlarge": 1}, 0.8)["iterations"]
+    assert alone == pytest.approx(one(base, {"g4dn.4xlarge": 1}, 0.8)["iterations"])

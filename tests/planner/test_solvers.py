@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.core.errors import InfeasibleError, UserInputError
-from tasks.core.profile import BATCH_N_EXPONENT_BOUNDS, OVERLAP_MAX, load_profile, profile_from_dict
+from tasks.core.profile import BATCH_N_EXPONENT_BOUNDS, BATCH_STALENESS_MAX, OVERLAP_MAX, load_profile, profile_from_dict
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
 from tasks.planner import exact
 from tasks.planner.bounds import size_bounds
@@ -71,12 +71,16 @@ def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
     {"overlap": OVERLAP_MAX, "overlap_width": 1.0, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0]},
     {"link_cap": True},
     {"link_cap": True, "overlap": OVERLAP_MAX, "overlap_width": 1.0, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[1]},
+    {"batch_staleness": 0.08},  # the batch slope changes sign between the sizes the quotas allow
+    {"batch_staleness": BATCH_STALENESS_MAX},
+    {"batch_staleness": 0.08, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0], "link_cap": True},
 ])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_exact_equals_brute_force_with_the_further_terms_at_their_extremes(terms, by, data):
     """The overlap and the link cap only slow (rates without them are ceilings) and the batch
-    n-exponent keeps j affine in the WA batch at each size (bounds.py), so branch and bound still finds brute
+    n-exponent and staleness cost keep j affine in the WA batch at each size, with a slope whose sign
+    may change from size to size (bounds.py), so branch and bound still finds brute
     force's optimum and the fastest plan, from scratch and re-planning with survivors."""
     narrow = st.floats(5, 100)  # the link cap binds only where the PS link is full
     profile = data.draw(profiles(by=st.just(by), further=st.just(terms),

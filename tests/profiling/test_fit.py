@@ -223,14 +223,16 @@ def test_fit_chooses_the_form_that_predicts_held_out_clusters(by, chosen):
     fitted = fit_profile("synthetic", *synthetic_measurements(by=by))
     form = fitted.form
     assert form.chosen == chosen and [c.name for c in form.candidates] == list(FORMS)
-    assert list(FORMS)[:5] == ["paper", "kappa", "load", "overlap", "batch"] and "kappa+load+overlap+batch" in FORMS
+    assert list(FORMS)[:6] == ["paper", "kappa", "load", "overlap", "stale", "cap"] and "kappa+load+overlap+stale" in FORMS
+    assert len(FORMS) == 32  # the batch term's n-exponent is a profile field, not a form the fit offers
     errors = {c.name: c.cv_time_log_rms for c in form.candidates}
     assert all(e is not None and len(c.cv_cluster_errors) == 3 for c, e in zip(form.candidates, errors.values()))
     assert errors[chosen] <= min(errors.values()) + 1e-3 and errors[chosen] < 0.02
     p = fitted.profile
     assert p.uncertainty.time_log_sd == errors[chosen]
     assert p.contention.by == by and p.loss.kappa is None
-    assert p.contention.overlap is None and p.loss.batch_n_exponent is None  # absent: the paper's terms
+    assert p.contention.overlap is None and p.loss.batch_staleness is None  # absent: the paper's terms
+    assert p.loss.batch_n_exponent is None
     assert 0.25 <= form.candidate("kappa").loss["kappa"] <= 1.0
     assert p.model_extra["fit_quality"]["form"]["cv_time_log_rms"] == errors
 
@@ -240,8 +242,9 @@ def test_fit_chooses_the_form_that_predicts_held_out_clusters(by, chosen):
     ({"link_cap": True}, "cap"),
     ({"kappa": 0.7, "link_cap": True}, "kappa+cap"),
     ({"overlap": 0.3}, "overlap"),
-    ({"batch_n_exponent": -0.5}, "batch"),
-    ({"overlap": 0.3, "batch_n_exponent": -0.5}, "overlap+batch"),
+    ({"batch_staleness": 0.1}, "stale"),
+    ({"overlap": 0.3, "batch_staleness": 0.1}, "overlap+stale"),
+    ({"kappa": 0.4, "batch_staleness": 0.1}, "kappa+stale"),
 ])
 def test_the_further_terms_are_recovered_and_chosen_from_the_quick_design(terms, chosen):
     """Data made with a further term, profiled on the quick preset's design (mixed clusters and a
@@ -255,17 +258,18 @@ def test_the_further_terms_are_recovered_and_chosen_from_the_quick_design(terms,
         assert p.contention.overlap == pytest.approx(terms["overlap"], abs=0.01) and p.contention.overlap_width == 0.2
     else:
         assert p.contention.overlap is None
-    if "batch_n_exponent" in terms:
-        assert p.loss.batch_n_exponent == pytest.approx(terms["batch_n_exponent"], abs=0.05)
+    if "batch_staleness" in terms:
+        assert p.loss.batch_staleness == pytest.approx(terms["batch_staleness"], abs=0.005)
     else:
-        assert p.loss.batch_n_exponent is None
+        assert p.loss.batch_staleness is None
+    assert p.loss.batch_n_exponent is None
     if "kappa" in terms:
         assert p.loss.kappa == pytest.approx(terms["kappa"], abs=0.02)
     else:
         assert p.loss.kappa is None
     assert p.contention.link_cap is (True if "link_cap" in terms else None)
     paper = fitted.form.candidate("paper")
-    assert "overlap" not in paper.contention and "batch_n_exponent" not in paper.loss
+    assert "overlap" not in paper.contention and "batch_staleness" not in paper.loss
 
 
 def test_the_link_cap_turns_the_saturated_clusters_fold_from_an_outlier_into_a_prediction():
@@ -295,21 +299,26 @@ def test_the_overlap_fit_tells_same_speed_workers_from_mixed_ones():
     assert "overlap" not in plain.params and plain.rmse > q.rmse
 
 
-def test_loss_curve_fit_recovers_the_batch_terms_n_exponent():
-    """Clusters of several sizes and WA batches on a curve whose batch term scales as n ** -0.4:
-    the free exponent recovers it, and the iterations to a target follow."""
-    g = [40.0, -0.5, 60.0, None, 1.3, None, -0.4]
+def test_loss_curve_fit_recovers_the_staleness_cost_of_the_batch():
+    """Clusters of several sizes and WA batches on a curve whose batch slope -0.5 + 0.12 (n - 1)
+    changes sign with n (a larger batch needs fewer updates at 2 workers, more at 7): the free
+    psi recovers it, and the iterations to a target follow, on both sides of the sign change."""
+    g = [40.0, -0.5, 60.0, None, 1.3, None, None, 0.12]
     series = []
     for bw, cc, n in ((10.0, 0.6, 2), (24.0, 0.7, 2), (14.0, 0.8, 4), (8.0, 0.9, 7), (20.0, 0.8, 3)):
         j = np.arange(1, 400, 2, dtype=float)
         series.append(LossSeries(bw, cc, n, j, loss_curve(j, bw, cc, n, g)))
-    q = fit_loss_curve(series, free_batch_n=True)
-    assert q.params["batch_n_exponent"] == pytest.approx(-0.4, abs=0.02)
-    fitted = [q.params[k] for k in ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5")] + [None, q.params["batch_n_exponent"]]
-    for bw, cc, n in ((12.0, 0.7, 3), (9.0, 0.85, 6)):
+    q = fit_loss_curve(series, free_staleness=True)
+    assert q.params["batch_staleness"] == pytest.approx(0.12, abs=0.005)
+    fitted = [q.params[k] for k in ("gamma1", "gamma2", "gamma3", "gamma4", "gamma5")] + [None, None, q.params["batch_staleness"]]
+    for bw, cc, n in ((12.0, 0.7, 3), (9.0, 0.85, 6), (30.0, 0.85, 6)):
         assert float(iterations_to_loss(np.array(1.6), bw, cc, n, fitted)) == pytest.approx(
             float(iterations_to_loss(np.array(1.6), bw, cc, n, g)), rel=0.01)
-    assert "batch_n_exponent" not in fit_loss_curve(series).params
+    small, large = (float(iterations_to_loss(np.array(1.6), bw, 0.8, n, g)) for bw, n in ((8.0, 2), (24.0, 2)))
+    assert large < small  # at 2 workers a larger batch needs fewer updates
+    small, large = (float(iterations_to_loss(np.array(1.6), bw, 0.8, n, g)) for bw, n in ((8.0, 7), (24.0, 7)))
+    assert large > small  # at 7 more
+    assert "batch_staleness" not in fit_loss_curve(series).params
 
 
 def _candidate(name, errors):
@@ -328,8 +337,8 @@ def test_the_simplest_form_within_one_standard_error_of_the_best_is_chosen():
     clear = _candidate("load", [0.02, 0.03, 0.02, 0.03, 0.02])  # better beyond one standard error
     both = _candidate("kappa+load", [0.02, 0.03, 0.02, 0.03, 0.01])
     assert simplest_within_one_se([paper, close, clear, both]) == "load"  # fewer extensions than kappa+load
-    three = _candidate("load+overlap+batch", [0.001, 0.002, 0.001, 0.002, 0.001])
-    assert simplest_within_one_se([paper, close, clear, both, three]) == "load+overlap+batch"  # beyond its spread
+    three = _candidate("load+overlap+stale", [0.001, 0.002, 0.001, 0.002, 0.001])
+    assert simplest_within_one_se([paper, close, clear, both, three]) == "load+overlap+stale"  # beyond its spread
     assert simplest_within_one_se([_candidate("paper", []), _candidate("kappa", [])]) == "paper"
     # one fold every form misses alike inflates the spread, and the simplest form wins whatever
     # the other folds say; a fold that only the simpler form misses is held against it (the
