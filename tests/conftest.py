@@ -25,6 +25,16 @@ PROCESS_STARTS = ["subprocess.Popen.__init__", "os.fork", "os.forkpty", "os.posi
 SERVER_FIXTURES = {"prefect_harness", "moto_endpoint"}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def matplotlib_font_cache():
+    """Matplotlib lists the system's fonts with `fc-list` (a process) the first time it draws on a
+    machine, then caches them: done here, once, before any unit test refuses processes, so that a
+    unit test that plots passes on a fresh machine as on one that has plotted before."""
+    from matplotlib import font_manager  # noqa: F401 (loads the cache at import, building it if absent)
+
+    yield
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_start_no_process(request, monkeypatch):
     """A test marked neither integration nor slow is a unit test: starting a process fails it, and

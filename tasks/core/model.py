@@ -45,13 +45,15 @@ def batch_slope(n, gamma2: float, batch_n_exponent: float | None = None, batch_s
 
 
 def curve_numerator(bw, cc, n, gamma2: float, gamma3: float, gamma4: float | None, kappa: float | None,
-                    batch_n_exponent: float | None = None, batch_staleness: float | None = None):
-    """Eq. 3's numerator (gamma2 * bw * n ** eta + psi * (n - 1) * bw + gamma3) * cluster_spread;
-    eta and psi null are the paper's batch term gamma2 * bw, each computed as before its term
-    existed (bit for bit)."""
+                    batch_n_exponent: float | None = None, batch_staleness: float | None = None,
+                    batch_noise: float | None = None):
+    """Eq. 3's numerator (gamma2 * bw * n ** eta + psi * (n - 1) * bw + gamma3 + beta / bw) *
+    cluster_spread; eta, psi and beta null are the paper's batch term gamma2 * bw, each computed as
+    before its term existed (bit for bit)."""
     spread = cluster_spread(cc, n, gamma4, kappa)
-    if batch_staleness is not None:
-        return (batch_slope(n, gamma2, batch_n_exponent, batch_staleness) * bw + gamma3) * spread
+    if batch_staleness is not None or batch_noise is not None:
+        noise = 0.0 if batch_noise is None else batch_noise / np.asarray(bw, dtype=float)
+        return (batch_slope(n, gamma2, batch_n_exponent, batch_staleness) * bw + gamma3 + noise) * spread
     if batch_n_exponent is None:
         return (gamma2 * bw + gamma3) * spread
     return (gamma2 * bw * np.maximum(np.asarray(n, dtype=float), 1.0) ** batch_n_exponent + gamma3) * spread
@@ -228,7 +230,8 @@ class Model:
     def curve_numerator(self, bw, cc, n):
         """Eq. 3's numerator for clusters of WA batch bw, coefficient R = cc and size n."""
         g = self.profile.loss
-        return curve_numerator(bw, cc, n, g.gamma2, g.gamma3, g.gamma4, g.kappa, g.batch_n_exponent, g.batch_staleness)
+        return curve_numerator(bw, cc, n, g.gamma2, g.gamma3, g.gamma4, g.kappa, g.batch_n_exponent, g.batch_staleness,
+                               g.batch_noise)
 
     def iterations(self, bw, cc, n, loss_target: float, current_loss: float | None = None) -> np.ndarray:
         """Iterations j to reach loss_target (Eq. 3 solved for j), floored at 0; with current_loss,

@@ -28,6 +28,7 @@ TYPE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 OVERLAP_MAX = 1.0
 BATCH_N_EXPONENT_BOUNDS = (-1.5, 1.0)
 BATCH_STALENESS_MAX = 100.0
+BATCH_NOISE_MAX = 1e7
 DEFAULT_OVERLAP_WIDTH = 0.2
 
 
@@ -61,6 +62,9 @@ class LossCurve(BaseModel):
     # The staleness cost of the batch: psi * bw * (n - 1) in the batch term (docs/model.md,
     # Further terms); null: 0
     batch_staleness: float | None = Field(default=None, ge=0, le=BATCH_STALENESS_MAX)
+    # The gradient noise of small batches: beta / bw in Eq. 3's numerator, updates falling as
+    # 1 / bw towards a floor (docs/model.md, Further terms); null: 0
+    batch_noise: float | None = Field(default=None, ge=0, le=BATCH_NOISE_MAX)
 
     def require_reachable(self, loss_target: float) -> None:
         """Eq. 3 never goes below gamma5; such a target is the user's to fix, not a plan (docs/model.md):

@@ -6,8 +6,9 @@ price P = sum n_m p_m are linear in the counts. Time is j / X and cost is j * P 
 - the WA batch Y / X is a rate-weighted mean of the types' batches, so it lies between the
   smallest and largest batch of the types in the cluster (or of a fixed part's mean and the rest);
 - j is affine in the WA batch and non-decreasing in the convergence coefficient R >= 0, so its
-  minimum over a batch interval is at an end, with R = 0 (numerators clipped at 0 keep it a
-  valid bound where the fitted curve stops descending);
+  minimum over a batch interval is at an end (with the noise term below: at a point inside),
+  with R = 0 (numerators clipped at 0 keep it a valid bound where the fitted curve stops
+  descending);
 - X_max and P_min over the free counts are exact greedy fills (a knapsack row of unit weights);
 - a mediant is never below its smallest ratio: P/X >= min(P_fixed/X_fixed, min_m p_m T_m(n)).
 Both extensions of docs/model.md keep these bounds valid:
@@ -29,7 +30,12 @@ The further terms (docs/model.md) keep them valid too:
 - loss.batch_n_exponent (eta) and loss.batch_staleness (psi): for one size n the batch term
   (gamma2 * n ** eta + psi * (n - 1)) * bw is still affine in the WA batch; its slope's sign may
   differ from size to size, and every bound above is per size and takes the end of the batch
-  interval by the sign of that size's slope, so they hold with gamma2 replaced by the size's slope.
+  interval by the sign of that size's slope, so they hold with gamma2 replaced by the size's slope;
+- loss.batch_noise (beta >= 0): the numerator's beta / bw makes j convex in the WA batch for one
+  size. Its minimum over a batch interval is at the stationary point sqrt(beta / slope) clipped
+  into the interval (`IterationBound.lower`), and the bounds that need j affine in the batch (the
+  time test and the one-class completions, whose rate-weighted mean over the types must be the
+  value at the WA batch) take j's tangent at one batch instead, an affine function below j.
 """
 from __future__ import annotations
 
@@ -149,6 +155,7 @@ class IterationBound:
         # the batch term's slope at this size: gamma2, or gamma2 * n ** eta + psi * (n - 1)
         self.gamma2 = batch_slope(n, g.gamma2, g.batch_n_exponent, g.batch_staleness)
         self.gamma3 = g.gamma3
+        self.noise = g.batch_noise  # beta of beta / bw, or None
         spread_at_r0 = cluster_spread(0.0, n, g.gamma4, g.kappa)
         if current_loss is None:
             self.scale = spread_at_r0 / (loss_target - g.gamma5)
@@ -157,16 +164,31 @@ class IterationBound:
             self.scale = spread_at_r0 * (1.0 / (loss_target - g.gamma5) - 1.0 / (current_loss - g.gamma5))
             self.offset = 0.0
 
-    def affine(self, batch):
-        """j at WA batch `batch` and R = 0 before any clipping. Affine in the batch, so its
-        rate-weighted mean over a cluster's types is its value at the cluster's WA batch, and it
-        is never above the true j (the numerator and j are clipped at 0; R only adds)."""
-        return (self.gamma2 * batch + self.gamma3) * self.scale - self.offset
+    def affine(self, batch, tangent_at: float):
+        """A function of the WA batch, affine in it, never above j at that batch and R = 0 (the
+        numerator and j are clipped at 0; R only adds): j itself before any clipping, or with
+        the noise term (beta / bw, convex in the batch) j's tangent at WA batch `tangent_at`,
+        below j everywhere. Affine, so its rate-weighted mean over a cluster's types is its
+        value at the cluster's WA batch."""
+        if self.noise is None:
+            return (self.gamma2 * batch + self.gamma3) * self.scale - self.offset
+        slope = self.gamma2 - self.noise / tangent_at**2
+        return (slope * batch + self.gamma3 + 2.0 * self.noise / tangent_at) * self.scale - self.offset
 
     def lower(self, batch_lo, batch_hi):
-        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays."""
-        batch = np.where(self.gamma2 < 0, batch_hi, batch_lo)
-        numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
+        """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays. The
+        numerator gamma2 * b + gamma3 (+ beta / b) is affine, or convex for b > 0 with its
+        minimum at sqrt(beta / gamma2) where gamma2 > 0 and falling where gamma2 <= 0: its
+        minimum over the interval is at that point clipped into it."""
+        if self.noise is None:
+            batch = np.where(self.gamma2 < 0, batch_hi, batch_lo)
+            numerator = np.maximum(self.gamma2 * batch + self.gamma3, 0.0)
+        else:
+            rising = np.asarray(self.gamma2) > 0
+            with np.errstate(over="ignore"):  # a slope near 0: the turn is beyond any batch
+                turn = np.where(rising, np.sqrt(self.noise / np.where(rising, self.gamma2, 1.0)), np.inf)
+            batch = np.clip(turn, batch_lo, batch_hi)
+            numerator = np.maximum(self.gamma2 * batch + self.gamma3 + self.noise / batch, 0.0)
         return np.maximum(numerator * self.scale - self.offset, 0.0)
 
 

@@ -124,6 +124,11 @@ class BranchAndBound:
                                 for k in range(self.m + 1)]
         self.suffix_batch_hi = [max((b for b, u in zip(self.batch[k:], self.upper[k:]) if u > 0), default=-np.inf)
                                 for k in range(self.m + 1)]
+        # Where the affine iteration bound touches j when j is convex in the batch (the noise term):
+        # inside the usable batch range, so that the tangent is close over all of it (with no usable
+        # class nothing is searched, and any batch does).
+        usable_batch = self.batch[self.upper > 0]
+        self.tangent_batch = float(np.sqrt(usable_batch.min() * usable_batch.max())) if len(usable_batch) else 1.0
 
     def run(self) -> None:
         sizes = self.problem.sizes
@@ -191,7 +196,7 @@ class BranchAndBound:
         req = self.problem.request
         rate = rate_ceilings(self.problem, sizes)[:, self.order][:, self.first]
         j_each = IterationBound(req.profile, sizes[:, None].astype(float), req.loss_target,
-                                req.current_loss).affine(self.batch)
+                                req.current_loss).affine(self.batch, self.tangent_batch)
         return VertexBound(rate, j_each, self.lower, self.upper, self.class_price[np.arange(self.m), self.lower],
                            self.free_price)
 
@@ -206,7 +211,7 @@ class BranchAndBound:
         rate = self.size_rates(n)
         item_rate = rate[self.owner]
         jb = IterationBound(req.profile, float(n), req.loss_target, req.current_loss)
-        j_each = jb.affine(self.batch)
+        j_each = jb.affine(self.batch, self.tangent_batch)
         lower, extra, owner = self.item_lower, self.item_extra, self.owner
         x_max = SuffixFills(item_rate, lower, extra, "max", owner)
         ratio = np.where(lower + extra > 0, self.item_price / item_rate, np.inf)

@@ -120,7 +120,7 @@ def budget_to_reach(clusters: list[ClusterMeasurement], curve: LossCurve, target
     `curve` (above its gamma5): `budget_s` scaled by the slowest cluster's updates needed over
     those it made (time per update stays the same as a cluster trains on)."""
     g = [curve.gamma1, curve.gamma2, curve.gamma3, curve.gamma4, curve.gamma5, curve.kappa, curve.batch_n_exponent,
-         curve.batch_staleness]
+         curve.batch_staleness, curve.batch_noise]
     scale = 1.0
     for c in clusters:
         bw, cc = cluster_shape([w.batch for w in c.workers], [w.iteration_time_s for w in c.workers])

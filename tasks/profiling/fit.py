@@ -9,8 +9,8 @@ Three fits, each with bounds, starting points and a quality report (residuals, R
   residuals are in iterations (Eq. 3 solved for j), where the planner uses the curve, taken where
   each cluster first crossed a common grid of loss levels (`loss_band`, `crossings`).
 The model's form (the paper's, or any set of its terms: a free n-exponent kappa, contention by
-PS load, the overlap of same-period transfers, the staleness cost of the batch, the PS link's
-cap on the update rate) is chosen by
+PS load, the overlap of same-period transfers, the staleness cost of the batch, the gradient
+noise of small batches, the PS link's cap on the update rate) is chosen by
 leave-one-cluster-out error (`choose_form`), whose spread becomes the profile's uncertainty.
 Too few points, a fit that does not converge, and non-finite data are ProfilingErrors naming the
 cause, never a silent profile.
@@ -27,7 +27,8 @@ from pydantic import BaseModel
 from scipy.optimize import least_squares
 
 from tasks.core.model import Model, cluster_spread, contended_bandwidth_mbps, curve_numerator, overlap_shares
-from tasks.core.profile import BATCH_STALENESS_MAX, DEFAULT_OVERLAP_WIDTH, OVERLAP_MAX, Profile, profile_from_dict
+from tasks.core.profile import (BATCH_NOISE_MAX, BATCH_STALENESS_MAX, DEFAULT_OVERLAP_WIDTH, OVERLAP_MAX, Profile,
+                                profile_from_dict)
 from tasks.profiling.measurements import ClusterMeasurement, ProfilingError, TypeMeasurement, cluster_label
 
 LOSS_LEVELS = 30  # loss levels of the band each cluster's crossings are taken at
@@ -186,10 +187,11 @@ def cluster_shape(batches: Sequence[float], iteration_times_s: Sequence[float]) 
 
 def _numerator(bw, cc, n, g: Sequence):
     """Eq. 3's numerator for g = gamma1..gamma5 (the paper's), then optionally kappa (the n-shape
-    extension), eta (the batch term's n-exponent) and psi (the batch's staleness cost), None where
-    not used; gamma4 None for the form without R (the released prototype's)."""
-    kappa, eta, psi = (list(g[5:]) + [None, None, None])[:3]
-    return curve_numerator(bw, cc, n, g[1], g[2], g[3], kappa, eta, psi)
+    extension), eta (the batch term's n-exponent), psi (the batch's staleness cost) and beta (the
+    gradient noise of small batches), None where not used; gamma4 None for the form without R
+    (the released prototype's)."""
+    kappa, eta, psi, beta = (list(g[5:]) + [None] * 4)[:4]
+    return curve_numerator(bw, cc, n, g[1], g[2], g[3], kappa, eta, psi, beta)
 
 
 def loss_curve(j: np.ndarray, bw, cc, n, g: Sequence) -> np.ndarray:
@@ -210,11 +212,12 @@ GAMMA4_BOUNDS = (1e-3, 10.0)
 
 
 def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, free_staleness: bool = False,
-                   max_nfev: int | None = None) -> FitQuality:
+                   free_noise: bool = False, max_nfev: int | None = None) -> FitQuality:
     """gamma1..gamma5 of Eq. 3 (and, with free_kappa, the exponent kappa of (R + gamma4) n in
     KAPPA_BOUNDS instead of the paper's 1/2; with free_staleness, the batch's staleness cost
-    psi * bw * (n - 1) in [0, BATCH_STALENESS_MAX] instead of 0), fitted in the space the
-    planner uses it in: for
+    psi * bw * (n - 1) in [0, BATCH_STALENESS_MAX] instead of 0; with free_noise, the gradient
+    noise beta / bw in [0, BATCH_NOISE_MAX] instead of 0), fitted in the space the planner uses
+    it in: for
     every observed (j, loss) point, the iterations the curve predicts to reach that loss against
     the observed j (relative residuals). A loss-space fit spends its accuracy on the plateau and
     misses where the curve crosses a target (docs/profiling.md).
@@ -251,6 +254,8 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, fr
     if free_staleness:
         lower, upper = np.append(lower, 0.0), np.append(upper, BATCH_STALENESS_MAX)
         names = names + ("batch_staleness",)
+    if free_noise:
+        lower, upper, names = np.append(lower, 0.0), np.append(upper, BATCH_NOISE_MAX), names + ("batch_noise",)
     starts = []
     for kappa in ((0.5, 0.75) if free_kappa else (0.5,)):
         spread = float(np.median(cluster_spread(cc, n, 0.5 if with_gamma4 else None, kappa)))
@@ -258,14 +263,16 @@ def fit_loss_curve(series: Sequence[LossSeries], *, free_kappa: bool = False, fr
             for floor in (0.9 * low, 0.5 * low):
                 gamma3 = max(high - floor, 1e-3) * gamma1 / spread
                 starts.append(np.array([gamma1, 0.0, gamma3] + ([0.5] if with_gamma4 else []) + [floor]
-                                       + ([kappa] if free_kappa else []) + ([0.0] if free_staleness else [])))
+                                       + ([kappa] if free_kappa else []) + ([0.0] if free_staleness else [])
+                                       + ([0.0] if free_noise else [])))
 
     def gammas(x: np.ndarray) -> list:
-        """gamma1..gamma5, kappa, eta (never fitted: None) and psi (None where not fitted) from
-        the fitted vector, gamma4 None without one worker."""
+        """gamma1..gamma5, kappa, eta (never fitted: None), psi and beta (None where not fitted)
+        from the fitted vector, gamma4 None without one worker."""
         g = list(x[:5]) if with_gamma4 else [x[0], x[1], x[2], None, x[3]]
         rest = list(x[len(g) - (0 if with_gamma4 else 1):])
-        return g + [rest.pop(0) if free_kappa else None, None, rest.pop(0) if free_staleness else None]
+        return g + [rest.pop(0) if free_kappa else None, None, rest.pop(0) if free_staleness else None,
+                    rest.pop(0) if free_noise else None]
 
     result, x0 = _least_squares("loss-curve", lambda x: (iterations_to_loss(loss, bw, cc, n, gammas(x)) - j) / scale,
                                 starts, lower, upper, max_nfev)
@@ -366,7 +373,7 @@ class ProfiledCluster:
 # The model's optional terms (docs/model.md, Extensions and Further terms); a form is a set of
 # them, and the fit chooses among every set: the paper's form (none), each term alone, each
 # pair, and so on, fewest terms first.
-TERMS = ("kappa", "load", "overlap", "stale", "cap")
+TERMS = ("kappa", "load", "overlap", "stale", "noise", "cap")
 
 
 @dataclass(frozen=True)
@@ -383,9 +390,10 @@ class Form:
         return ("load" if "load" in self.terms else "workers", "overlap" in self.terms)
 
     @property
-    def loss_key(self) -> tuple[bool, bool]:
-        """Which loss-curve fit the form uses: (free kappa, free staleness cost of the batch)."""
-        return ("kappa" in self.terms, "stale" in self.terms)
+    def loss_key(self) -> tuple[bool, bool, bool]:
+        """Which loss-curve fit the form uses: (free kappa, free staleness cost of the batch, free
+        gradient noise)."""
+        return ("kappa" in self.terms, "stale" in self.terms, "noise" in self.terms)
 
 
 FORMS = {f.name: f for f in (Form(frozenset(c)) for k in range(len(TERMS) + 1) for c in itertools.combinations(TERMS, k))}
@@ -398,7 +406,7 @@ class FormCandidate(BaseModel):
 
     name: str
     contention: dict  # alpha1, beta1, by (and overlap, overlap_width; link_cap)
-    loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2) (and batch_staleness)
+    loss: dict  # gamma1..gamma5 and kappa (null: the paper's 1/2) (and batch_staleness, batch_noise)
     cv_time_log_rms: float | None  # RMS over held-out clusters of their RMS log(predicted / observed)
     cv_cluster_errors: dict[str, float]  # held-out cluster -> its RMS log(predicted / observed) time
     cv_failed: str | None = None  # why the cross-validation of this form could not run
@@ -428,7 +436,7 @@ def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) 
 def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
                contention_if_unfit: dict[tuple, FitQuality] | None = None):
     """Every contention fit the forms use (by workers or load, with the overlap or not) and every
-    loss fit (kappa and the batch's staleness cost free or not): the two are independent, the loss fit
+    loss fit (kappa, the batch's staleness cost and the gradient noise free or not): the two are independent, the loss fit
     reads measured shapes, the contention fit no losses. Where the clusters leave the contention
     fit too few PS loads, `contention_if_unfit` stands in."""
     contention = {}
@@ -443,9 +451,9 @@ def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: i
             if contention_if_unfit is None:
                 raise
             contention[by, overlap] = contention_if_unfit[by, overlap]
-    loss = {(kappa, stale): fit_loss_curve([c.series for c in clusters], free_kappa=kappa, free_staleness=stale,
-                                           max_nfev=max_nfev)
-            for kappa, stale in {f.loss_key for f in FORMS.values()}}
+    loss = {(kappa, stale, noise): fit_loss_curve([c.series for c in clusters], free_kappa=kappa,
+                                                  free_staleness=stale, free_noise=noise, max_nfev=max_nfev)
+            for kappa, stale, noise in {f.loss_key for f in FORMS.values()}}
     return contention, loss
 
 

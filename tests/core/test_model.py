@@ -144,20 +144,21 @@ SHIPPED_PREDICTIONS = [  # (profile, cluster, loss target, iterations, time_s, c
 @pytest.mark.parametrize("name, cluster, loss, iterations, time_s, cost_usd", SHIPPED_PREDICTIONS)
 def test_the_shipped_profiles_predict_bit_for_bit_as_before_the_further_terms(name, cluster, loss, iterations, time_s,
                                                                               cost_usd):
-    """Captured before contention.overlap, contention.link_cap, loss.batch_n_exponent and
-    loss.batch_staleness existed:
+    """Captured before contention.overlap, contention.link_cap, loss.batch_n_exponent,
+    loss.batch_staleness and loss.batch_noise existed:
     the shipped profiles carry none, and absent, null and the neutral values all give exactly those
     numbers, for these clusters and (neutral against absent) every cluster within the quotas."""
     path = SHIPPED_PROFILE.parent / name
     profile = load_profile(path)
     assert profile.contention.overlap is None and profile.loss.batch_n_exponent is None
     assert profile.contention.link_cap is None and profile.loss.batch_staleness is None
+    assert profile.loss.batch_noise is None
     m = Model.from_profile(profile)
     r = one(m, cluster, loss)
     assert (r["iterations"], r["time_s"], r["cost_usd"]) == (iterations, time_s, cost_usd)
     data = profile.model_dump()
     data["contention"].update(overlap=0.0, overlap_width=0.2, link_cap=False)
-    data["loss"].update(batch_n_exponent=0.0, batch_staleness=0.0)
+    data["loss"].update(batch_n_exponent=0.0, batch_staleness=0.0, batch_noise=0.0)
     neutral = Model.from_profile(profile_from_dict(data))
     every = np.array(list(itertools.product(*(range(i.quota + 1) for i in profile.instances))))
     a, b = m.evaluate(every, loss), neutral.evaluate(every, loss)
@@ -252,3 +253,19 @@ def test_the_staleness_cost_adds_to_the_batch_slope_with_each_worker_beyond_the_
     base = with_terms(loss={"batch_n_exponent": eta}, name="resnet110-cifar100.json")
     alone = one(m, {"g4dn.4xlarge": 1}, 0.8)["iterations"]
     assert alone == pytest.approx(one(base, {"g4dn.4xlarge": 1}, 0.8)["iterations"])
+
+
+@pytest.mark.parametrize("beta, psi", [(0.0, None), (2e5, None), (2e6, None), (2e5, 0.05)])
+def test_the_gradient_noise_adds_beta_over_the_batch_so_updates_fall_as_one_over_the_batch(beta, psi):
+    """beta / bw joins Eq. 3's numerator (docs/model.md, Further terms): the updates to a target
+    fall as 1 / bw towards a floor, steeply for small batches and little for large ones (convex
+    in the batch), at every cluster size."""
+    m = with_terms(loss={"batch_noise": beta, "batch_staleness": psi}, name="resnet110-cifar100.json")
+    g = m.profile.loss
+    for n in (1, 3, 6):
+        slope = g.gamma2 + (psi or 0.0) * (n - 1)
+        expected = (slope * 1024 + g.gamma3 + beta / 1024) * math.sqrt(n) / (0.8 - g.gamma5) - g.gamma1
+        assert one(m, {"g4dn.4xlarge": n}, 0.8)["iterations"] == pytest.approx(expected)
+    j = [float(m.iterations(bw, 0.0, 2, 0.8)) for bw in (256.0, 512.0, 1024.0)]
+    if beta > 0 and psi is None:
+        assert j[0] - j[1] > j[1] - j[2]  # halving a small batch costs more updates than halving a large one

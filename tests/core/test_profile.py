@@ -43,6 +43,8 @@ def test_shipped_profile_loads():
         (lambda d: d["loss"].update(batch_n_exponent=1.2), "loss.batch_n_exponent: Input should be less than or equal to 1"),
         (lambda d: d["loss"].update(batch_staleness=-0.1), "loss.batch_staleness: Input should be greater than or equal to 0"),
         (lambda d: d["loss"].update(batch_staleness=101), "loss.batch_staleness: Input should be less than or equal to 100"),
+        (lambda d: d["loss"].update(batch_noise=-1), "loss.batch_noise: Input should be greater than or equal to 0"),
+        (lambda d: d["loss"].update(batch_noise=2e7), "loss.batch_noise: Input should be less than or equal to 10000000"),
         (lambda d: d.update(uncertainty={"time_log_sd": -0.1}), "uncertainty.time_log_sd"),
         # strict types: a bool or a numeral in a string is a mistake to name, not a number to guess
         (lambda d: d.update(param_mb=True), "param_mb: Input should be a valid number"),

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.core.errors import InfeasibleError, UserInputError
-from tasks.core.profile import BATCH_N_EXPONENT_BOUNDS, BATCH_STALENESS_MAX, OVERLAP_MAX, load_profile, profile_from_dict
+from tasks.core.profile import (BATCH_N_EXPONENT_BOUNDS, BATCH_NOISE_MAX, BATCH_STALENESS_MAX, OVERLAP_MAX, load_profile,
+                                profile_from_dict)
 from tasks.planner import PlanRequest, fastest_time_s, solve, solve_problem
 from tasks.planner import exact
 from tasks.planner.bounds import size_bounds
@@ -74,14 +75,18 @@ def test_exact_equals_brute_force_for_every_model_form(kappa, by, data):
     {"batch_staleness": 0.08},  # the batch slope changes sign between the sizes the quotas allow
     {"batch_staleness": BATCH_STALENESS_MAX},
     {"batch_staleness": 0.08, "batch_n_exponent": BATCH_N_EXPONENT_BOUNDS[0], "link_cap": True},
+    {"batch_noise": BATCH_NOISE_MAX},  # j convex in the batch, falling over every batch
+    {"batch_noise": 2e5, "batch_staleness": 0.08},  # ...turning inside the types' batch range at some sizes
+    {"batch_noise": 2e5, "batch_staleness": 0.08, "overlap": OVERLAP_MAX, "overlap_width": 1.0, "link_cap": True},
 ])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_exact_equals_brute_force_with_the_further_terms_at_their_extremes(terms, by, data):
-    """The overlap and the link cap only slow (rates without them are ceilings) and the batch
+    """The overlap and the link cap only slow (rates without them are ceilings), the batch
     n-exponent and staleness cost keep j affine in the WA batch at each size, with a slope whose sign
-    may change from size to size (bounds.py), so branch and bound still finds brute
-    force's optimum and the fastest plan, from scratch and re-planning with survivors."""
+    may change from size to size, and the gradient noise makes it convex, bounded below by its
+    minimum over a batch interval and by a tangent (bounds.py), so branch and bound still finds
+    brute force's optimum and the fastest plan, from scratch and re-planning with survivors."""
     narrow = st.floats(5, 100)  # the link cap binds only where the PS link is full
     profile = data.draw(profiles(by=st.just(by), further=st.just(terms),
                                  **({"ps_bandwidth": narrow} if terms.get("link_cap") else {})))
@@ -293,11 +298,14 @@ def test_scored_compositions_rescale_to_a_fresh_scoring():
 
 
 @SETTINGS
-@given(profiles(by=st.sampled_from([None, "workers"])), st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
+@given(profiles(by=st.sampled_from([None, "workers"]), further=st.sampled_from(
+           [{}, {"batch_noise": 2e5, "batch_staleness": 0.08}, {"batch_noise": BATCH_NOISE_MAX}])),
+       st.floats(0.6, 1.5), st.floats(1.0, 3.0), st.data())
 def test_one_class_completion_bounds_hold_for_every_cluster_of_their_size(profile, loss, slack, data):
     """bounds.VertexBound at the root: no cluster of a size is quicker than its time bound, and
     none meeting the deadline is cheaper than its cost bound (the bound weighs iterations and
-    price together, so it must hold cluster by cluster, not just for the optimum)."""
+    price together, so it must hold cluster by cluster, not just for the optimum), also where the
+    gradient noise makes j convex in the batch and the bound takes its tangent."""
     existing = {i.type: data.draw(st.integers(0, min(i.quota, 1))) for i in profile.instances}
     current = data.draw(st.one_of(st.none(), st.floats(loss + 0.05, loss + 1.0)))
     deadline = fastest(profile, loss, existing=existing, current_loss=current) * slack
