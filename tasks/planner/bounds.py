@@ -165,15 +165,14 @@ class IterationBound:
             self.offset = 0.0
 
     def affine(self, batch, tangent_at: float):
-        """A function of the WA batch, affine in it, never above j at that batch and R = 0 (the
-        numerator and j are clipped at 0; R only adds): j itself before any clipping, or with
-        the noise term (beta / bw, convex in the batch) j's tangent at WA batch `tangent_at`,
-        below j everywhere. Affine, so its rate-weighted mean over a cluster's types is its
-        value at the cluster's WA batch."""
-        if self.noise is None:
-            return (self.gamma2 * batch + self.gamma3) * self.scale - self.offset
-        slope = self.gamma2 - self.noise / tangent_at**2
-        return (slope * batch + self.gamma3 + 2.0 * self.noise / tangent_at) * self.scale - self.offset
+        """j's tangent at WA batch `tangent_at` (R = 0, before any clipping), evaluated at WA batch
+        `batch`: never above j (j is convex in the batch with the noise term beta / bw, and the
+        numerator and j are clipped at 0; R only adds), and affine, so its rate-weighted mean
+        over a cluster's types is its value at the cluster's WA batch. Without the term (beta 0)
+        the tangent is j itself."""
+        noise = self.noise or 0.0
+        slope = self.gamma2 - noise / tangent_at**2
+        return (slope * batch + self.gamma3 + 2.0 * noise / tangent_at) * self.scale - self.offset
 
     def lower(self, batch_lo, batch_hi):
         """min j over WA batches in [batch_lo, batch_hi] (and any R >= 0); floats or arrays. The

@@ -127,8 +127,8 @@ class BranchAndBound:
         # Where the affine iteration bound touches j when j is convex in the batch (the noise term):
         # inside the usable batch range, so that the tangent is close over all of it (with no usable
         # class nothing is searched, and any batch does).
-        usable_batch = self.batch[self.upper > 0]
-        self.tangent_batch = float(np.sqrt(usable_batch.min() * usable_batch.max())) if len(usable_batch) else 1.0
+        lo, hi = self.suffix_batch_lo[0], self.suffix_batch_hi[0]
+        self.tangent_batch = float(np.sqrt(lo * hi)) if lo <= hi else 1.0
 
     def run(self) -> None:
         sizes = self.problem.sizes

@@ -436,8 +436,8 @@ def ps_loads(clusters: Sequence[ClusterMeasurement], alone_s: dict[str, float]) 
 def _fit_parts(clusters: Sequence[ProfiledCluster], comm_args: dict, max_nfev: int | None,
                contention_if_unfit: dict[tuple, FitQuality] | None = None):
     """Every contention fit the forms use (by workers or load, with the overlap or not) and every
-    loss fit (kappa, the batch's staleness cost and the gradient noise free or not): the two are independent, the loss fit
-    reads measured shapes, the contention fit no losses. Where the clusters leave the contention
+    loss fit (kappa, the batch's staleness cost and the gradient noise free or not): the two are
+    independent, the loss fit reads measured shapes, the contention fit no losses. Where the clusters leave the contention
     fit too few PS loads, `contention_if_unfit` stands in."""
     contention = {}
     for by, overlap in {f.contention_key for f in FORMS.values()}:
